@@ -1,0 +1,58 @@
+# rigd — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export RIGD_CACHE_DIR ?= $(HOME)/.cache/rigd
+PORT ?= 8470
+# Root runs QEMU as per-rig uids, which cannot enter a private home: keep data in /var/lib.
+DATA_DIR ?= $(if $(filter 0,$(shell id -u)),/var/lib/rigd,$(HOME)/.local/share/rigd)
+
+.PHONY: run test lint images bench deps venv unit integration clean-cache help
+
+help:
+	@echo "make run    - install what is missing, build images, start the server"
+	@echo "make test   - install what is missing and run lint + the whole test suite"
+	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
+	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent)"
+	@echo "make lint   - ruff and mypy --strict"
+
+deps:
+	@scripts/install-deps.sh
+
+$(BIN)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: deps $(BIN)/.installed
+
+images: venv
+	$(BIN)/rigd images build
+
+run: images
+	@if $(BIN)/rigd accel-probe; then accel=""; \
+	else echo "rigd: no working hardware acceleration here (see the line above);"; \
+	     echo "rigd: starting with --accel tcg: software emulation, fine for development, NOT a security boundary."; \
+	     accel="--accel tcg"; fi; \
+	exec $(BIN)/rigd serve --data-dir "$(DATA_DIR)" --port $(PORT) $$accel
+
+lint: venv
+	$(BIN)/ruff check rigd tests bench guest-agent
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+integration: images
+	$(BIN)/pytest -q tests/integration
+
+test: images lint
+	$(BIN)/pytest -q tests/unit tests/integration
+
+bench: images
+	$(BIN)/python bench/terminal.py
+
+clean-cache:
+	rm -rf "$(RIGD_CACHE_DIR)"

@@ -1,0 +1,2 @@
+"""Backends boot and drive machines. ``base`` holds the one small interface;
+``smolvm`` implements terminal rigs on QEMU microVMs."""

@@ -1,0 +1,101 @@
+"""The one small interface every backend implements, and the values that
+cross it.
+
+A backend turns a :class:`MachineSpec` into a running :class:`Machine`.
+``open_machine`` is an async context manager: entering boots the machine
+(reporting each step through ``progress``) and yields it ready; leaving tears
+it down completely — process, sockets, overlays — inside a shielded scope, so
+cancellation never leaves a machine behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rigd.model import Accel, Backend, Surface
+
+
+@dataclass(frozen=True, slots=True)
+class MachineSpec:
+    rig_id: str
+    surface: Surface
+    memory_mb: int
+    vcpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MachineInfo:
+    """What a running machine reports about itself (shown on the Rig)."""
+
+    backend: Backend
+    accel: Accel
+    pid: int | None
+    pid_start_ticks: int | None
+    image: str | None
+    confinement: Mapping[str, Any] = field(default_factory=dict)
+    security_boundary: bool = True
+
+
+class PtySession(Protocol):
+    """An interactive terminal inside the machine."""
+
+    async def write(self, data: bytes) -> None: ...
+    async def resize(self, cols: int, rows: int) -> None: ...
+    def output(self) -> AsyncIterator[bytes]:
+        """Output chunks until the PTY's process exits."""
+        ...
+    @property
+    def exit_status(self) -> dict[str, int | None] | None: ...
+    async def aclose(self) -> None: ...
+
+
+class Machine(Protocol):
+    info: MachineInfo
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+        timeout_s: float,
+        max_output: int,
+    ) -> ExecResult: ...
+
+    def open_pty(
+        self, *, cols: int, rows: int
+    ) -> AbstractAsyncContextManager[PtySession]: ...
+
+    async def wait_failed(self) -> str:
+        """Return (with a short reason) when the machine dies on its own."""
+        ...
+
+    def console_tail(self, max_bytes: int = 4096) -> str: ...
+
+    def channel_stats(self) -> dict[str, int]:
+        """Counters of the guest channel (garbage seen, orphan replies …)."""
+        ...
+
+
+class MachineBackend(Protocol):
+    name: Backend
+
+    def open_machine(
+        self, spec: MachineSpec, progress: Callable[[str], None]
+    ) -> AbstractAsyncContextManager[Machine]: ...

@@ -1,0 +1,87 @@
+"""An in-memory backend for unit tests of the rig manager (STYLE.md: the fake
+lives beside the interface). It boots nothing; ``exec`` answers ``echo`` and
+``exit N`` and can be told to die, to fail at boot, or to hang."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from rigd.backends.base import ExecResult, MachineInfo, MachineSpec
+from rigd.errors import BackendError
+from rigd.model import Accel, Backend
+
+
+@dataclass(slots=True)
+class FakeMachine:
+    spec: MachineSpec
+    info: MachineInfo
+    died: trio.Event = field(default_factory=trio.Event)
+    closed: bool = False
+    calls: list[list[str]] = field(default_factory=list)
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+        timeout_s: float,
+        max_output: int,
+    ) -> ExecResult:
+        self.calls.append(list(argv))
+        await trio.lowlevel.checkpoint()
+        if argv[:1] == ["echo"]:
+            out = (" ".join(argv[1:]) + "\n").encode()
+            return ExecResult(0, None, False, out[:max_output], b"", len(out) > max_output, False, 1)
+        if argv[:1] == ["exit"] and len(argv) == 2 and argv[1].isdigit():
+            return ExecResult(int(argv[1]), None, False, b"", b"", False, False, 1)
+        if argv[:1] == ["cat"] and stdin is not None:
+            return ExecResult(0, None, False, stdin[:max_output], b"", len(stdin) > max_output, False, 1)
+        return ExecResult(127, None, False, b"", f"fake: {argv[0]}: not found\n".encode(), False, False, 1)
+
+    def open_pty(self, *, cols: int, rows: int) -> AsyncIterator[None]:
+        raise BackendError("the fake backend has no PTY")
+
+    async def wait_failed(self) -> str:
+        await self.died.wait()
+        return "fake machine died"
+
+    def console_tail(self, max_bytes: int = 4096) -> str:
+        return "fake console\n"
+
+    def channel_stats(self) -> dict[str, int]:
+        return {}
+
+
+class FakeBackend:
+    name = Backend.SMOLVM
+
+    def __init__(self) -> None:
+        self.machines: list[FakeMachine] = []
+        self.fail_boot: str | None = None
+        self.boot_gate: trio.Event | None = None
+
+    @asynccontextmanager
+    async def open_machine(
+        self, spec: MachineSpec, progress: Callable[[str], None]
+    ) -> AsyncIterator[FakeMachine]:
+        progress("unpacking image")
+        await trio.lowlevel.checkpoint()
+        progress("booting kernel")
+        if self.boot_gate is not None:
+            await self.boot_gate.wait()
+        if self.fail_boot:
+            raise BackendError(self.fail_boot, console="fake console: boot failed")
+        info = MachineInfo(Backend.SMOLVM, Accel.TCG, pid=None, pid_start_ticks=None,
+                           image="sha256:fake", security_boundary=False)
+        machine = FakeMachine(spec, info)
+        self.machines.append(machine)
+        try:
+            yield machine
+        finally:
+            machine.closed = True

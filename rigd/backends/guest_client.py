@@ -1,0 +1,218 @@
+"""The host end of the guest-agent channel, on Trio.
+
+The guest is hostile. Everything it sends goes through the sans-I/O
+:class:`rigd.protocols.guest.GuestProtocol`, which caps each line and turns
+garbage into ``Garbage`` events instead of exceptions. On top of that this
+connection:
+
+- puts a deadline on every reply (a silent guest costs a timeout, not a hang);
+- caps what it keeps of streamed output per request, whatever the guest
+  claims (bytes past the cap are read and dropped);
+- routes replies only to requests it actually has in flight — a reply or
+  stream event for an unknown id is dropped;
+- never acts on a path, command or address the guest names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from rigd.errors import GuestError, GuestRefused
+from rigd.protocols.guest import (
+    AgentError,
+    Garbage,
+    GuestProtocol,
+    PtyExit,
+    PtyOutput,
+    Ready,
+    Reply,
+    Stream,
+)
+
+EARLY_PTY_LIMIT = 256 * 1024
+
+
+@dataclass(slots=True)
+class _Call:
+    done: trio.Event
+    on_stream: Callable[[Stream], None] | None
+    reply: Reply | None = None
+
+
+@dataclass(slots=True)
+class _PtyRoute:
+    send: trio.MemorySendChannel[bytes]
+    exit: dict[str, int | None] | None = None
+    dropped: int = 0
+
+
+@dataclass(slots=True)
+class ChannelStats:
+    garbage_events: int = 0
+    garbage_bytes: int = 0
+    orphan_replies: int = 0
+    agent_errors: int = 0
+    ready_lines: int = 0
+    last_garbage: str = ""
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class GuestConnection:
+    """One connection to one guest agent. ``run`` must be running in a nursery."""
+
+    def __init__(self, stream: trio.abc.Stream, *, log: logging.Logger) -> None:
+        self._stream = stream
+        self._proto = GuestProtocol()
+        self._send_lock = trio.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._ptys: dict[int, _PtyRoute] = {}
+        # Output of a pty whose open reply was in the same read as its first
+        # output: held (bounded) until the route exists.
+        self._early: dict[int, list[bytes]] = {}
+        self._early_bytes = 0
+        self._closed = trio.Event()
+        self._log = log
+        self.ready = trio.Event()
+        self.stats = ChannelStats()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                try:
+                    data = await self._stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if not data:
+                    return
+                for event in self._proto.receive_data(data):
+                    self._dispatch(event)
+                # A flooding guest must not starve the rest of the server.
+                await trio.lowlevel.checkpoint()
+        finally:
+            self._closed.set()
+            for call in self._calls.values():
+                call.done.set()
+            for route in self._ptys.values():
+                route.send.close()
+
+    def _dispatch(self, event: object) -> None:
+        if isinstance(event, Reply):
+            call = self._calls.get(event.id)
+            if call is None or call.done.is_set():
+                self.stats.orphan_replies += 1
+                return
+            call.reply = event
+            call.done.set()
+        elif isinstance(event, Stream):
+            call = self._calls.get(event.id)
+            if call is None or call.on_stream is None or call.done.is_set():
+                self.stats.orphan_replies += 1
+                return
+            call.on_stream(event)
+        elif isinstance(event, PtyOutput):
+            route = self._ptys.get(event.pty)
+            if route is None:
+                if self._early_bytes + len(event.data) <= EARLY_PTY_LIMIT:
+                    self._early.setdefault(event.pty, []).append(event.data)
+                    self._early_bytes += len(event.data)
+                else:
+                    self.stats.orphan_replies += 1
+                return
+            try:
+                route.send.send_nowait(event.data)
+            except trio.WouldBlock:
+                # The reader is slow; a terminal drops output rather than
+                # letting a guest grow the server's memory.
+                route.dropped += len(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        elif isinstance(event, PtyExit):
+            route = self._ptys.get(event.pty)
+            if route is not None:
+                route.exit = {"exitCode": event.exit_code, "signal": event.signal}
+                route.send.close()
+        elif isinstance(event, Ready):
+            self.stats.ready_lines += 1
+            self.ready.set()
+        elif isinstance(event, AgentError):
+            self.stats.agent_errors += 1
+            self._log.info("guest agent reported an error", extra={"guest_error": event.text[:200]})
+        elif isinstance(event, Garbage):
+            self.stats.garbage_events += 1
+            self.stats.garbage_bytes += event.nbytes
+            self.stats.last_garbage = event.reason[:100]
+
+    async def request(
+        self,
+        op: str,
+        *,
+        timeout: float,
+        on_stream: Callable[[Stream], None] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Send one request and wait for its final reply, at most ``timeout`` s."""
+        if self.closed:
+            raise GuestError(f"guest agent channel is closed ({op})")
+        cid, data = self._proto.send_request(op, **fields)
+        call = _Call(trio.Event(), on_stream)
+        self._calls[cid] = call
+        try:
+            with trio.move_on_after(timeout):
+                async with self._send_lock:
+                    try:
+                        await self._stream.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        raise GuestError(f"guest agent channel is closed ({op})") from exc
+                await call.done.wait()
+        finally:
+            del self._calls[cid]
+            if call.reply is None:
+                self._proto.abandon(cid)
+        reply = call.reply
+        if reply is None:
+            if self.closed:
+                raise GuestError(f"guest agent channel closed before answering {op}")
+            raise GuestError(f"guest agent did not answer {op} within {math.ceil(timeout)} s")
+        if not reply.ok:
+            raise GuestRefused(op, (reply.error or "unknown error")[:500])
+        return dict(reply.body)
+
+    def open_pty_route(self, pty: int, buffer: int = 256) -> trio.MemoryReceiveChannel[bytes]:
+        send, receive = trio.open_memory_channel[bytes](buffer)
+        self._ptys[pty] = _PtyRoute(send)
+        for chunk in self._early.pop(pty, []):
+            self._early_bytes -= len(chunk)
+            with contextlib.suppress(trio.WouldBlock):
+                send.send_nowait(chunk)
+        return receive
+
+    def pty_exit(self, pty: int) -> dict[str, int | None] | None:
+        route = self._ptys.get(pty)
+        return None if route is None else route.exit
+
+    def drop_pty_route(self, pty: int) -> None:
+        route = self._ptys.pop(pty, None)
+        if route is not None:
+            route.send.close()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._stream.aclose()
+
+
+async def iterate(channel: trio.MemoryReceiveChannel[bytes]) -> AsyncIterator[bytes]:
+    async with channel:
+        async for chunk in channel:
+            yield chunk

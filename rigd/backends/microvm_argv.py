@@ -1,0 +1,190 @@
+"""The QEMU command line of a terminal rig (pure: builds a list, starts nothing).
+
+Used by the microVM backend and by the benchmark's raw-QEMU peer, so both
+boot exactly the same machine.
+
+Why it looks like this (measured facts in HOST-NOTES, choices in
+docs/images.md):
+
+- ``-M microvm`` boots the ELF ``vmlinux`` by PVH: no firmware, no real-mode
+  setup, no in-guest decompression. ``x-option-roms=off`` skips the option
+  ROM scan, ``pit``/``pic`` are kept because the kernel calibrates against the
+  PIT, and ``rtc=on`` gives the guest wall-clock time at boot.
+- All devices are virtio-mmio (``*-device`` variants): the root disk is
+  ``vda`` (qcow2 overlay, rw) and the tools disk ``vdb`` (raw, read-only); the
+  initramfs relies on that order. A ``q35`` variant uses the ``-pci`` devices
+  with the same order.
+- ``tsc_early_khz`` stops the 1-in-6 "Unable to calibrate against PIT" hangs of
+  microvm; virtio-rng stops Python's start-up waiting for entropy.
+- The balloon reports freed pages so a parked rig hands RAM back to the host.
+- Every socket is a server QEMU creates with ``wait=off``: QEMU never blocks
+  on the host, and the host connects when it wants.
+- No network device: terminal rigs have no network yet.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+from rigd.errors import RigdError
+
+SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+#: Name of the virtio-serial port the guest agent opens (/dev/virtio-ports/rigd.agent).
+AGENT_PORT_NAME = "rigd.agent"
+
+_ACCELS = ("kvm", "hvf", "tcg")
+_MACHINES = ("microvm", "q35")
+
+
+@functools.cache
+def host_tsc_khz() -> int | None:
+    """The host's TSC frequency in kHz (None when it cannot be read).
+
+    Under TCG and KVM the guest TSC runs at the host's rate, so telling the
+    guest kernel spares it the PIT calibration that hangs microvm boots.
+    """
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/tsc_freq_khz").read_text().strip())
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return round(float(line.split(":", 1)[1]) * 1000)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _esc(value: str | Path) -> str:
+    """Escape a value for QEMU's option syntax (a comma is doubled)."""
+    return str(value).replace(",", ",,")
+
+
+def kernel_cmdline(*, tsc_khz: int | None, extra: Sequence[str] = (), pci: bool = False) -> str:
+    args = [
+        "console=ttyS0",
+        "panic=-1",  # reboot at once on panic; -no-reboot turns that into QEMU exiting
+        "quiet",
+        "loglevel=4",  # keep warnings and errors on the console, drop the chatter
+        "reboot=t",  # triple-fault reboot: no keyboard controller on microvm
+        "i8042.noaux",
+        "i8042.nokbd",
+        "i8042.nopnp",
+    ]
+    if not pci:
+        args.append("pci=off")  # microvm has no PCI bus: skip probing for one
+    if tsc_khz:
+        args.append(f"tsc_early_khz={tsc_khz}")
+    for a in extra:
+        if not a or any(c.isspace() for c in a):
+            raise RigdError(f"kernel command line argument {a!r} is empty or contains whitespace")
+        args.append(a)
+    return " ".join(args)
+
+
+def microvm_argv(
+    *,
+    qemu: str,
+    accel: str,
+    memory_mb: int,
+    vcpus: int,
+    kernel: Path,
+    initrd: Path,
+    root_disk: Path,
+    tools_disk: Path,
+    qmp_socket: Path,
+    agent_socket: Path,
+    console_socket: Path,
+    cmdline_extra: Sequence[str] = (),
+    sandbox: bool = True,
+    machine: str = "microvm",
+    tsc_khz: int | None = -1,
+) -> list[str]:
+    """Return the argv (``argv[0] == qemu``) that boots one terminal rig.
+
+    ``tsc_khz`` defaults to the host's value (:func:`host_tsc_khz`); pass an
+    int to fix it (tests) or ``None`` to leave it out.
+    """
+    if accel not in _ACCELS:
+        raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
+    if machine not in _MACHINES:
+        raise RigdError(f"machine {machine!r} is not one of {', '.join(_MACHINES)}", field="machine")
+    if not 64 <= memory_mb <= 1 << 20:
+        raise RigdError(f"memory_mb {memory_mb} is out of range (64..1048576)", field="memory_mb")
+    if not 1 <= vcpus <= 64:
+        raise RigdError(f"vcpus {vcpus} is out of range (1..64)", field="vcpus")
+    khz = host_tsc_khz() if tsc_khz == -1 else tsc_khz
+
+    micro = machine == "microvm"
+    if micro:
+        # PIT and PIC stay on: the cloud kernel calibrates against the PIT.
+        mach = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,pcie=off"
+        bus = "device"
+    else:
+        mach = "q35,smbus=off,sata=off,usb=off,graphics=off"
+        bus = "pci"
+
+    argv = [
+        qemu,
+        "-name",
+        "rig,debug-threads=on",
+        "-M",
+        mach,
+        "-accel",
+        accel,
+        "-cpu",
+        "max" if accel == "tcg" else "host",
+        "-m",
+        str(memory_mb),
+        "-smp",
+        str(vcpus),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        str(kernel),
+        "-initrd",
+        str(initrd),
+        "-append",
+        kernel_cmdline(tsc_khz=khz, extra=cmdline_extra, pci=not micro),
+        # QMP
+        "-chardev",
+        f"socket,id=qmp,path={_esc(qmp_socket)},server=on,wait=off",
+        "-mon",
+        "chardev=qmp,mode=control",
+        # Serial console (ttyS0)
+        "-chardev",
+        f"socket,id=console,path={_esc(console_socket)},server=on,wait=off",
+        "-serial",
+        "chardev:console",
+        # Disks: the order makes them vda (root) and vdb (tools).
+        "-drive",
+        f"id=root,file={_esc(root_disk)},format=qcow2,if=none,discard=unmap",
+        "-device",
+        f"virtio-blk-{bus},drive=root",
+        "-drive",
+        f"id=tools,file={_esc(tools_disk)},format=raw,if=none,readonly=on",
+        "-device",
+        f"virtio-blk-{bus},drive=tools",
+        # Guest agent channel
+        "-chardev",
+        f"socket,id=agent,path={_esc(agent_socket)},server=on,wait=off",
+        "-device",
+        f"virtio-serial-{bus},max_ports=2",
+        "-device",
+        f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
+        # The default backend (rng-builtin) needs no host file.
+        "-device",
+        f"virtio-rng-{bus}",
+        "-device",
+        f"virtio-balloon-{bus},free-page-reporting=on",
+    ]
+    if sandbox:
+        argv += ["-sandbox", SANDBOX]
+    return argv

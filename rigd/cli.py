@@ -1,0 +1,335 @@
+"""The ``rigd`` command: the server, and thin RPC clients for people and scripts.
+
+Clients find the server and a token from ``--url``/``--token``, then
+``RIGD_URL``/``RIGD_TOKEN``, then ``<dataDir>/server.json`` and
+``<dataDir>/admin.token`` (API.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rigd.model import Accel
+
+
+class ClientError(Exception):
+    pass
+
+
+class Client:
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self._id = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Client:
+        data_dir = Path(args.data_dir) if args.data_dir else _default_data_dir()
+        url = args.url or os.environ.get("RIGD_URL")
+        token = args.token or os.environ.get("RIGD_TOKEN")
+        if not url:
+            try:
+                url = json.loads((data_dir / "server.json").read_text())["url"]
+            except (OSError, ValueError, KeyError) as exc:
+                raise ClientError(
+                    f"no server URL: pass --url, set RIGD_URL, or start `rigd serve` "
+                    f"(looked in {data_dir / 'server.json'})"
+                ) from exc
+        if not token:
+            try:
+                token = (data_dir / "admin.token").read_text().strip()
+            except OSError as exc:
+                raise ClientError(
+                    f"no token: pass --token, set RIGD_TOKEN, or run as the server's user "
+                    f"(looked in {data_dir / 'admin.token'})"
+                ) from exc
+        assert url is not None
+        return cls(url, token)
+
+    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 3600) -> Any:
+        self._id += 1
+        body = json.dumps({"jsonrpc": "2.0", "id": self._id, "method": method, "params": params or {}})
+        req = urllib.request.Request(  # noqa: S310 - the URL is the operator's own server
+            self.url + "/rpc", data=body.encode(), method="POST",
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+                reply = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            with exc:
+                try:
+                    reply = json.loads(exc.read())
+                except ValueError:
+                    raise ClientError(f"HTTP {exc.code} from {self.url}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise ClientError(f"cannot reach rigd at {self.url}: {exc}") from exc
+        if "error" in reply:
+            err = reply["error"]
+            data = err.get("data") or {}
+            field = f" [{data['field']}: {data.get('reason', '')}]" if "field" in data else ""
+            raise ClientError(f"{err.get('message')}{field}")
+        return reply["result"]
+
+
+def _default_data_dir() -> Path:
+    from rigd.server.main import default_data_dir
+
+    return Path(os.environ.get("RIGD_DATA_DIR") or default_data_dir())
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _stream_bytes(stream: dict[str, Any]) -> bytes:
+    import base64
+
+    if "text" in stream:
+        return str(stream["text"]).encode()
+    return base64.b64decode(stream.get("base64", ""))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from rigd.server.main import ServeConfig, serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    config = ServeConfig(
+        data_dir=Path(args.data_dir) if args.data_dir else _default_data_dir(),
+        host=args.host, port=args.port, accel=Accel(args.accel) if args.accel else None,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None, qemu=args.qemu,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(serve, config)
+    return 0
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"workspace": args.workspace, "surface": args.surface}
+    for key, value in (("conversation", args.conversation), ("memoryMb", args.memory_mb),
+                       ("vcpus", args.vcpus), ("ttlS", args.ttl)):
+        if value is not None:
+            params[key] = value
+    _print(Client.from_args(args).call("rig.open", params))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rigs = Client.from_args(args).call("rig.list", {"workspace": args.workspace, "includeClosed": args.all})
+    if args.json:
+        _print(rigs)
+    else:
+        for r in rigs:
+            print(f"{r['id']}  {r['surface']:9} {r['phase']:12} {r['accel'] or '-':4} {r['phaseDetail']}")
+    return 0
+
+
+def cmd_close(args: argparse.Namespace) -> int:
+    _print(Client.from_args(args).call("rig.close", {"rigId": args.rig}))
+    return 0
+
+
+def cmd_act(args: argparse.Namespace) -> int:
+    client = Client.from_args(args)
+    if args.verb == "exec":
+        ex = exec_parser().parse_args(args.rest)
+        args.json = args.json or ex.json
+        action: dict[str, Any] = {"action": "exec"}
+        argv = ex.argv[1:] if ex.argv[:1] == ["--"] else ex.argv
+        if ex.command:
+            action["command"] = ex.command
+        if argv:
+            action["argv"] = argv
+        if ex.cwd:
+            action["cwd"] = ex.cwd
+        if ex.timeout is not None:
+            action["timeoutS"] = ex.timeout
+        if ex.stdin:
+            action["stdin"] = sys.stdin.read()
+        result = client.call("rig.act", {"rigId": args.rig, "tool": "terminal_use", "action": action})
+        if args.json:
+            _print(result)
+            return 0
+        sys.stdout.buffer.write(_stream_bytes(result["stdout"]))
+        sys.stderr.buffer.write(_stream_bytes(result["stderr"]))
+        for name in ("stdout", "stderr"):
+            if result[name].get("truncated"):
+                print(f"rigd: {result[name].get('note')}", file=sys.stderr)
+        if result.get("timedOut"):
+            print("rigd: the command timed out; its process group was killed", file=sys.stderr)
+            return 124
+        code = result.get("exitCode")
+        return code if isinstance(code, int) else 1
+    try:
+        action = json.loads(args.verb)
+    except ValueError as exc:
+        raise ClientError(
+            "act takes `exec ...` or an action as JSON, e.g. '{\"action\": \"exec\", ...}'"
+        ) from exc
+    _print(client.call("rig.act", {"rigId": args.rig, "tool": args.tool, "action": action}))
+    return 0
+
+
+def exec_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rigd act RIG exec", description="run a command in a terminal rig")
+    p.add_argument("-c", "--command", help="a bash command line instead of argv")
+    p.add_argument("--cwd", help="working directory (absolute)")
+    p.add_argument("--timeout", type=float, help="timeout in seconds")
+    p.add_argument("--stdin", action="store_true", help="pass this process's stdin")
+    p.add_argument("--json", action="store_true", help="print the raw result")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- program args...")
+    return p
+
+
+def cmd_rpc(args: argparse.Namespace) -> int:
+    params = json.loads(args.params) if args.params else {}
+    _print(Client.from_args(args).call(args.method, params))
+    return 0
+
+
+def cmd_term(args: argparse.Namespace) -> int:
+    from rigd.term_client import run_terminal
+
+    client = Client.from_args(args)
+    signed = client.call("rig.terminalUrl", {"rigId": args.rig})
+    url = client.url.replace("http://", "ws://").replace("https://", "wss://") + signed["path"]
+    return run_terminal(url)
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    from rigd.images import build_all
+
+    assets = build_all(Path(args.cache_dir) if args.cache_dir else None)
+    print(f"terminal image {assets.image_digest}")
+    print(f"kernel {assets.kernel_release}: {assets.kernel}")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    import trio
+
+    from rigd.backends.accel import native_accel, probe
+    from rigd.images import find_assets
+
+    accel = Accel(args.accel) if args.accel else native_accel()
+    if accel is None:
+        print("no native accelerator on this platform")
+        return 1
+    assets = find_assets(Path(args.cache_dir) if args.cache_dir else None)
+    result = trio.run(lambda: probe(accel, qemu=args.qemu, kernel=assets.kernel,
+                                    initrd=assets.initrd, deadline_s=args.deadline))
+    print(f"{accel}: {'works' if result.ok else 'does not work'} ({result.detail})")
+    return 0 if result.ok else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rigd", description="rigd: real machines for AI agents")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def client_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--url", help="server URL (default: RIGD_URL or <dataDir>/server.json)")
+        sp.add_argument("--token", help="bearer token (default: RIGD_TOKEN or <dataDir>/admin.token)")
+        sp.add_argument("--data-dir", help="the server's data directory")
+
+    sp = sub.add_parser("serve", help="run the server")
+    sp.add_argument("--data-dir")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8470)
+    sp.add_argument("--accel", choices=[a.value for a in Accel],
+                    help="accelerator; default: probe kvm (Linux) or hvf (macOS); tcg only when asked")
+    sp.add_argument("--cache-dir", help="where `rigd images build` put the images")
+    sp.add_argument("--qemu", default="qemu-system-x86_64")
+    sp.add_argument("--log-level", default="info")
+    sp.set_defaults(fn=cmd_serve)
+
+    sp = sub.add_parser("open", help="open a rig")
+    client_opts(sp)
+    sp.add_argument("--surface", default="terminal")
+    sp.add_argument("--workspace", default="default")
+    sp.add_argument("--conversation")
+    sp.add_argument("--memory-mb", type=int)
+    sp.add_argument("--vcpus", type=int)
+    sp.add_argument("--ttl", type=int, help="hard lifetime in seconds")
+    sp.set_defaults(fn=cmd_open)
+
+    sp = sub.add_parser("list", help="list rigs")
+    client_opts(sp)
+    sp.add_argument("--workspace", default="default")
+    sp.add_argument("--all", action="store_true", help="include closed rigs")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_list)
+
+    sp = sub.add_parser("close", help="close a rig")
+    client_opts(sp)
+    sp.add_argument("rig")
+    sp.set_defaults(fn=cmd_close)
+
+    sp = sub.add_parser(
+        "act", help="run a verb: `rigd act RIG exec [-c CMD | -- argv...]` or a JSON action"
+    )
+    client_opts(sp)
+    sp.add_argument("--tool", default="terminal_use")
+    sp.add_argument("--json", action="store_true", help="print the raw result")
+    sp.add_argument("rig")
+    sp.add_argument("verb", help="`exec`, or a JSON action payload")
+    sp.add_argument("rest", nargs=argparse.REMAINDER, help="exec options and argv (`exec --help`)")
+    sp.set_defaults(fn=cmd_act)
+
+    sp = sub.add_parser("term", help="an interactive terminal in a rig")
+    client_opts(sp)
+    sp.add_argument("rig")
+    sp.set_defaults(fn=cmd_term)
+
+    sp = sub.add_parser("rpc", help="call any RPC method with JSON params")
+    client_opts(sp)
+    sp.add_argument("method")
+    sp.add_argument("params", nargs="?")
+    sp.set_defaults(fn=cmd_rpc)
+
+    sp = sub.add_parser("images", help="build the default images")
+    isub = sp.add_subparsers(dest="images_cmd", required=True)
+    ib = isub.add_parser("build")
+    ib.add_argument("--cache-dir")
+    ib.set_defaults(fn=cmd_images)
+
+    sp = sub.add_parser("accel-probe", help="boot once to see whether an accelerator works")
+    sp.add_argument("--accel", choices=[a.value for a in Accel])
+    sp.add_argument("--cache-dir")
+    sp.add_argument("--qemu", default="qemu-system-x86_64")
+    sp.add_argument("--deadline", type=float, default=10.0)
+    sp.set_defaults(fn=cmd_probe)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.fn(args)
+    except ClientError as exc:
+        print(f"rigd: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from rigd.errors import RigdError
+
+        if isinstance(exc, RigdError):
+            print(f"rigd: {exc.message}", file=sys.stderr)
+            return 2
+        raise
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""``python -m rigd.images``: build, find, pack and re-pin the terminal assets.
+
+build [--cache-dir DIR]                 build what is missing (a no-op when cached)
+find  [--cache-dir DIR]                 print the built assets as JSON, or fail
+pack  --data-dir DIR [--cache-dir DIR]  make the warm pack of the default image
+pin   [--cache-dir DIR]                 re-resolve every lock file to today's archive
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from rigd.errors import RigdError
+from rigd.images import build_all, find_assets
+from rigd.images.cache import default_cache_dir
+from rigd.images.debs import PrivateApt, load_lock, resolve_pins, write_lock
+from rigd.images.pack import ensure_pack
+from rigd.images.recipes import Recipes
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _pin(cache: Path) -> None:
+    r = Recipes.find()
+    apt = PrivateApt(cache, r.sources)
+    for path, follow in r.locks():
+        old = load_lock(path)
+        pins = resolve_pins(old, apt, _log, follow)
+        write_lock(path, old.suite, list(old.requested), pins)
+        before = {p.name: p.version for p in old.packages}
+        for p in pins:
+            was = before.get(p.name)
+            mark = "unchanged" if was == p.version else f"was {was or 'absent'}"
+            _log(f"pin: {path.relative_to(r.root)}: {p.name} {p.version} ({mark})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m rigd.images",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("build", "find", "pack", "pin"):
+        p = sub.add_parser(name)
+        p.add_argument(
+            "--cache-dir", type=Path, default=None, help="default: $RIGD_CACHE_DIR or ~/.cache/rigd"
+        )
+        if name == "pack":
+            p.add_argument("--data-dir", type=Path, required=True)
+    args = ap.parse_args(argv)
+    cache: Path = args.cache_dir or default_cache_dir()
+    try:
+        if args.cmd == "build":
+            build_all(cache, log=_log)
+        elif args.cmd == "find":
+            assets = find_assets(cache)
+            print(json.dumps({k: str(v) for k, v in dataclasses.asdict(assets).items()}, indent=1))
+        elif args.cmd == "pack":
+            t0 = time.monotonic()
+            rootfs = ensure_pack(find_assets(cache), args.data_dir, lambda step: _log(f"pack: {step}"))
+            _log(f"pack: {rootfs} ({time.monotonic() - t0:.1f} s)")
+        elif args.cmd == "pin":
+            _pin(cache)
+    except RigdError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.data:
+            print(f"       {json.dumps(exc.data)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Where the recipes of the terminal image live in the source tree (``images/``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigd.images.cache import repo_root
+
+
+@dataclass(frozen=True, slots=True)
+class Recipes:
+    root: Path  # the checkout
+
+    @classmethod
+    def find(cls) -> Recipes:
+        return cls(repo_root())
+
+    @property
+    def images(self) -> Path:
+        return self.root / "images"
+
+    @property
+    def sources(self) -> Path:
+        return self.images / "debian.sources"
+
+    @property
+    def kernel_lock(self) -> Path:
+        return self.images / "kernel.lock"
+
+    @property
+    def busybox_lock(self) -> Path:
+        return self.images / "busybox.lock"
+
+    @property
+    def initramfs_dir(self) -> Path:
+        return self.images / "initramfs"
+
+    @property
+    def tools_dir(self) -> Path:
+        return self.images / "tools"
+
+    @property
+    def runtime_lock(self) -> Path:
+        return self.tools_dir / "runtime.lock"
+
+    @property
+    def terminal_dir(self) -> Path:
+        return self.images / "terminal"
+
+    @property
+    def agent(self) -> Path:
+        """The real guest agent (written in ``guest-agent/``)."""
+        return self.root / "guest-agent" / "rigd_agent.py"
+
+    @property
+    def standin_agent(self) -> Path:
+        """Used only while ``guest-agent/rigd_agent.py`` does not exist yet."""
+        return self.tools_dir / "standin_agent.py"
+
+    def agent_source(self) -> tuple[Path, bool]:
+        """``(path, is_real)`` of the agent the tools disk will carry."""
+        if self.agent.is_file():
+            return self.agent, True
+        return self.standin_agent, False
+
+    def locks(self) -> list[tuple[Path, str | None]]:
+        """Every lock file with the metapackage prefix ``pin`` follows (if any)."""
+        return [
+            (self.kernel_lock, "linux-image-"),
+            (self.busybox_lock, None),
+            (self.runtime_lock, None),
+        ]

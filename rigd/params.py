@@ -1,0 +1,180 @@
+"""Total parsers for RPC method parameters (pure; no I/O).
+
+Each returns a typed value or raises :class:`FieldError` naming the field and
+the rule. The RPC layer turns that into a JSON-RPC error, never a 500.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rigd.errors import FieldError
+from rigd.model import BUILT_SURFACES, LIMITS, Backend, Display, Engine, Surface
+
+ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+SURFACE_BACKENDS: dict[Surface, tuple[Backend, ...]] = {
+    Surface.TERMINAL: (Backend.SMOLVM,),
+    Surface.BROWSER: (Backend.SMOLVM,),
+    Surface.COMPUTER: (Backend.QEMU_KVM, Backend.QEMU_HVF, Backend.QEMU_TCG),
+    Surface.ANDROID: (Backend.ANDROID_EMULATOR,),
+    Surface.IOS: (Backend.IOS_SIMULATOR,),
+}
+
+
+def obj(params: object, field: str = "params") -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise FieldError(field, "must be an object")
+    return params
+
+
+def no_extra(params: dict[str, Any], allowed: set[str], prefix: str = "") -> None:
+    extra = sorted(k for k in params if k not in allowed)
+    if extra:
+        raise FieldError(prefix + extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
+
+
+def string(params: dict[str, Any], name: str, *, required: bool = True, max_len: int = 256,
+           field: str | None = None) -> str | None:
+    field = field or name
+    value = params.get(name)
+    if value is None:
+        if required:
+            raise FieldError(field, "is required")
+        return None
+    if not isinstance(value, str) or not value or len(value) > max_len:
+        raise FieldError(field, f"must be a non-empty string of at most {max_len} characters")
+    return value
+
+
+def ident(params: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    value = string(params, name, required=required, max_len=128)
+    if value is not None and not ID_RE.match(value):
+        raise FieldError(name, "must be 1-128 characters of letters, digits, and _ . : -")
+    return value
+
+
+def integer(params: dict[str, Any], name: str, lo: int, hi: int, default: int, unit: str = "") -> int:
+    value = params.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        suffix = f" {unit}" if unit else ""
+        raise FieldError(name, f"must be an integer between {lo} and {hi}{suffix}")
+    return value
+
+
+def boolean(params: dict[str, Any], name: str, default: bool) -> bool:
+    value = params.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise FieldError(name, "must be true or false")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class OpenParams:
+    workspace: str
+    surface: Surface
+    conversation: str | None
+    engine: Engine | None
+    backend: Backend
+    display: Display | None
+    memory_mb: int
+    vcpus: int
+    ttl_s: int
+    idle_s: int
+    egress_allow: tuple[str, ...]
+    egress_defaults: bool
+    wait: bool
+
+
+OPEN_FIELDS = {
+    "workspace", "surface", "conversation", "engine", "backend", "display", "memoryMb",
+    "vcpus", "ttlS", "idleS", "egress", "wait",
+}
+
+
+def parse_open(raw: object) -> OpenParams:
+    params = obj(raw)
+    no_extra(params, OPEN_FIELDS)
+    workspace = string(params, "workspace", max_len=128)
+    assert workspace is not None
+    surface_raw = params.get("surface")
+    surfaces = ", ".join(s.value for s in Surface)
+    if not isinstance(surface_raw, str) or surface_raw not in Surface.__members__.values():
+        raise FieldError("surface", f"must be one of {surfaces}")
+    surface = Surface(surface_raw)
+    if surface not in BUILT_SURFACES:
+        built = ", ".join(sorted(BUILT_SURFACES))
+        raise FieldError("surface", f"{surface} rigs are not available in this build yet; available: {built}")
+    conversation = ident(params, "conversation", required=False)
+    limits = LIMITS[surface]
+
+    engine: Engine | None = None
+    if params.get("engine") is not None:
+        if surface is not Surface.BROWSER:
+            raise FieldError("engine", f"only browser rigs take an engine, not {surface}")
+        value = params["engine"]
+        if not isinstance(value, str) or value not in Engine.__members__.values():
+            raise FieldError("engine", f"unknown engine; one of {', '.join(e.value for e in Engine)}")
+        engine = Engine(value)
+
+    backends = SURFACE_BACKENDS[surface]
+    backend = backends[0]
+    if params.get("backend") is not None:
+        value = params["backend"]
+        names = ", ".join(b.value for b in backends)
+        if not isinstance(value, str) or value not in [b.value for b in backends]:
+            raise FieldError("backend", f"a {surface} rig runs on {names}")
+        backend = Backend(value)
+
+    display: Display | None = limits.display
+    if params.get("display") is not None:
+        if limits.display_max is None:
+            raise FieldError("display", f"a {surface} rig has no display")
+        d = obj(params["display"], "display")
+        no_extra(d, {"width", "height"}, "display.")
+        mx = limits.display_max
+        width = integer(d, "width", 320, mx.width, -1)
+        height = integer(d, "height", 240, mx.height, -1)
+        if width < 0 or height < 0:
+            raise FieldError("display", f"must have width and height, at most {mx.width}x{mx.height}")
+        display = Display(width, height)
+
+    memory_mb = integer(params, "memoryMb", limits.memory_mb_min, limits.memory_mb_max,
+                        limits.memory_mb, "MB")
+    vcpus = integer(params, "vcpus", limits.vcpus_min, limits.vcpus_max, limits.vcpus)
+    ttl_s = integer(params, "ttlS", limits.ttl_s_min, limits.ttl_s_max, limits.ttl_s, "seconds")
+    idle_s = integer(params, "idleS", limits.idle_s_min, limits.idle_s_max, limits.idle_s, "seconds")
+
+    allow: tuple[str, ...] = ()
+    defaults = True
+    if params.get("egress") is not None:
+        eg = obj(params["egress"], "egress")
+        no_extra(eg, {"allow", "defaults"}, "egress.")
+        defaults = boolean(eg, "defaults", True)
+        raw_allow = eg.get("allow", [])
+        if not isinstance(raw_allow, list) or not all(isinstance(h, str) for h in raw_allow):
+            raise FieldError("egress.allow", "must be a list of host names")
+        allow = tuple(raw_allow)
+        if allow:
+            raise FieldError(
+                "egress.allow",
+                "this build gives rigs no network yet (the egress gateway is not built); "
+                "leave it empty",
+            )
+    return OpenParams(
+        workspace=workspace, surface=surface, conversation=conversation, engine=engine,
+        backend=backend, display=display, memory_mb=memory_mb, vcpus=vcpus, ttl_s=ttl_s,
+        idle_s=idle_s, egress_allow=allow, egress_defaults=defaults,
+        wait=boolean(params, "wait", True),
+    )

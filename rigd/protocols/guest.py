@@ -1,0 +1,477 @@
+"""The host's sans-I/O view of the guest-agent channel (wire protocol v1).
+
+How this works
+--------------
+The channel carries one JSON object per ``\\n``-terminated line (see
+``docs/guest-protocol.md``).  :class:`GuestProtocol` turns bytes the host
+wants to send into lines (:meth:`GuestProtocol.send_request`) and bytes
+received from the guest into typed events (:meth:`GuestProtocol.receive_data`).
+It does no I/O, holds no clock and never imports trio: the connection that
+owns the virtio-serial socket feeds it and acts on the events.
+
+The guest is hostile.  ``receive_data`` never raises, whatever the bytes and
+however they are chunked.  Each line is either one well-formed event or one
+:class:`Garbage`; parsing resynchronises at the next newline.  A line longer
+than ``max_line`` is dropped up to its newline and reported once, when it
+first crosses the cap.  Beyond the shape of each message the protocol checks
+*state*: a reply or stream event must name a request that is in flight, a
+``pty_out`` must name a pty that a ``pty_open`` reply handed out and that has
+not exited.  Anything else is garbage, so a guest cannot forge answers to
+requests nobody made.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from rigd.errors import FieldError
+
+__all__ = [
+    "MAX_LINE",
+    "PROTO",
+    "AgentError",
+    "Event",
+    "Garbage",
+    "GuestProtocol",
+    "PtyExit",
+    "PtyOutput",
+    "Ready",
+    "Reply",
+    "Stream",
+]
+
+PROTO: Final = 1
+MAX_LINE: Final = 1 << 20  # bytes per line, newline excluded, both directions
+_ABANDONED_MEMORY: Final = 4096  # how many abandoned request ids are remembered
+
+
+# --------------------------------------------------------------------------
+# events
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The agent (re)started: ``{"ev":"ready"}``."""
+
+    proto: int
+    agent: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The final answer to request ``id``.
+
+    ``body`` holds the reply's fields other than ``id``/``ok``/``error``; for
+    the ops this module knows (see ``_REPLY_SHAPES``) their types are checked.
+    ``error`` is set exactly when ``ok`` is false.
+    """
+
+    id: int
+    ok: bool
+    body: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """An event streamed for request ``id`` before its reply (e.g. exec ``out``).
+
+    ``data`` is the decoded ``data`` field (``b""`` if the event has none);
+    ``body`` holds the other fields, e.g. ``{"fd": 1}``.
+    """
+
+    id: int
+    name: str
+    body: Mapping[str, Any] = field(default_factory=dict)
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class PtyOutput:
+    pty: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PtyExit:
+    """The pty's process ended; no more output follows for ``pty``.
+
+    Both fields are ``None`` when the guest agent restarted and the pty was lost.
+    """
+
+    pty: int
+    exit_code: int | None
+    signal: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentError:
+    """The agent could not parse a line the host sent (``{"ev":"error"}``)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Garbage:
+    """A line that was not a valid message; ``nbytes`` counts its newline.
+
+    For an over-long line ``nbytes`` is ``max_line + 1`` — what was known to be
+    too much when it was dropped; ``GuestProtocol.garbage_bytes`` has the total.
+    """
+
+    nbytes: int
+    reason: str
+
+
+Event = Ready | Reply | Stream | PtyOutput | PtyExit | AgentError | Garbage
+
+
+# --------------------------------------------------------------------------
+# shapes
+
+
+class _Malformed(Exception):
+    """Internal: a message has a wrong shape. Never escapes this module."""
+
+
+def _clean_text(value: str) -> str:
+    # JSON may carry lone surrogates; keep them printable and encodable.
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def _is_opt_int(value: object) -> bool:
+    return value is None or type(value) is int
+
+
+def _is_bool(value: object) -> bool:
+    return type(value) is bool
+
+
+def _is_str(value: object) -> bool:
+    return type(value) is str
+
+
+def _is_number(value: object) -> bool:
+    return type(value) in (int, float)
+
+
+def _is_truncated(value: object) -> bool:
+    return isinstance(value, dict) and type(value.get("stdout")) is bool and type(value.get("stderr")) is bool
+
+
+_Check = Callable[[object], bool]
+
+# Fields an ``ok: true`` reply must carry, per op. Extra fields are allowed
+# (forward compatibility) and passed through in ``Reply.body``.
+_REPLY_SHAPES: Final[Mapping[str, Mapping[str, tuple[_Check, str]]]] = {
+    "ping": {},
+    "hello": {
+        "proto": (_is_int, "an integer"),
+        "kernel": (_is_str, "a string"),
+        "hostname": (_is_str, "a string"),
+        "bootS": (_is_number, "a number"),
+    },
+    "exec": {
+        "exitCode": (_is_opt_int, "an integer or null"),
+        "signal": (_is_opt_int, "an integer or null"),
+        "timedOut": (_is_bool, "a boolean"),
+        "truncated": (_is_truncated, "an object of two booleans stdout/stderr"),
+        "durationMs": (_is_int, "an integer"),
+    },
+    "pty_open": {"pty": (_is_int, "an integer")},
+    "pty_in": {},
+    "pty_resize": {},
+    "pty_close": {},
+    "shutdown": {},
+}
+
+# Stream events each op may produce before its reply.
+_STREAMS: Final[Mapping[str, frozenset[str]]] = {"exec": frozenset({"out"})}
+
+
+def _require(obj: Mapping[str, Any], name: str, check: _Check, what: str) -> Any:
+    if name not in obj:
+        raise _Malformed(f"missing {name}")
+    value = obj[name]
+    if not check(value):
+        raise _Malformed(f"{name} is not {what}")
+    return value
+
+
+def _decode_b64(value: object, name: str) -> bytes:
+    if not isinstance(value, str):
+        raise _Malformed(f"{name} is not a base64 string")
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error, ValueError):
+        raise _Malformed(f"{name} is not valid base64") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# --------------------------------------------------------------------------
+# the protocol
+
+
+class GuestProtocol:
+    """One host↔agent channel, h11 style: bytes in, events out, no I/O.
+
+    Typical use by the connection that owns the port::
+
+        proto = GuestProtocol()
+        rid, line = proto.send_request("exec", argv=["echo", "hi"])
+        await port.send_all(line)
+        ...
+        for event in proto.receive_data(await port.receive_some()):
+            ...
+
+    State the owner may read: ``pending`` (request id → op), ``ptys`` (open
+    pty handles), ``agent_pid`` (last seen), and the counters ``lines``,
+    ``garbage_lines``, ``garbage_bytes``, ``late_messages``.
+    """
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        if max_line < 1:
+            raise ValueError("max_line must be positive")
+        self.max_line = max_line
+        self.pending: dict[int, str] = {}
+        self.ptys: set[int] = set()
+        self.agent_pid: int | None = None
+        self.lines = 0
+        self.garbage_lines = 0
+        self.garbage_bytes = 0
+        self.late_messages = 0
+        self._next_id = 1
+        self._abandoned: OrderedDict[int, str] = OrderedDict()
+        self._buf = bytearray()
+        self._discarding = False
+        self._line_bytes = 0  # size of the line being dispatched, newline included
+
+    # ---- sending
+
+    def send_request(self, op: str, **fields: Any) -> tuple[int, bytes]:
+        """Allocate an id and encode ``{"id", "op", **fields}`` as one line.
+
+        ``bytes`` values are sent base64-encoded (``stdin=b"..."``,
+        ``data=b"..."``).  Raises :class:`~rigd.errors.FieldError` if the line
+        would exceed the agent's 1 MiB cap, naming the biggest field.
+        """
+        if not op or not isinstance(op, str):
+            raise ValueError("op must be a non-empty string")
+        if "id" in fields or "op" in fields:
+            raise ValueError("id and op are chosen by the protocol")
+        payload = {
+            k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes | bytearray) else v
+            for k, v in fields.items()
+        }
+        rid = self._next_id
+        line = json.dumps({"id": rid, "op": op, **payload}, separators=(",", ":"), allow_nan=False).encode(
+            "utf-8"
+        )
+        if len(line) > MAX_LINE:
+            biggest = max(payload, key=lambda k: len(json.dumps(payload[k])))
+            raise FieldError(
+                biggest,
+                f"the {op} request encodes to {len(line)} bytes, over the guest's {MAX_LINE}-byte line limit",
+            )
+        self._next_id += 1
+        self.pending[rid] = op
+        return rid, line + b"\n"
+
+    def abandon(self, request_id: int) -> None:
+        """Stop waiting for ``request_id`` (the owner timed out or was cancelled).
+
+        Late events for it are then dropped quietly and counted in
+        ``late_messages`` instead of being reported as garbage.
+        """
+        op = self.pending.pop(request_id, None)
+        if op is not None:
+            self._abandoned[request_id] = op
+            while len(self._abandoned) > _ABANDONED_MEMORY:
+                self._abandoned.popitem(last=False)
+
+    # ---- receiving
+
+    def receive_data(self, data: bytes | bytearray) -> list[Event]:
+        """Feed bytes from the guest; return the events completed by them.
+
+        Never raises.  An empty ``data`` is a no-op (end of stream is the
+        owner's business: a virtio-serial port has no meaningful EOF).
+        """
+        events: list[Event] = []
+        data = bytes(data)
+        pos, n = 0, len(data)
+        while pos < n:
+            nl = data.find(b"\n", pos)
+            end = nl if nl >= 0 else n
+            size = end - pos
+            if self._discarding:
+                self.garbage_bytes += size + (nl >= 0)
+                if nl >= 0:
+                    self._discarding = False
+            elif len(self._buf) + size > self.max_line:
+                self.garbage_bytes += len(self._buf) + size + (nl >= 0)
+                self.garbage_lines += 1
+                self._buf.clear()
+                self._discarding = nl < 0
+                events.append(Garbage(self.max_line + 1, f"line longer than {self.max_line} bytes"))
+            elif nl >= 0:
+                self._buf += data[pos:end]
+                line = bytes(self._buf)
+                self._buf.clear()
+                self._line(line, events)
+            else:
+                self._buf += data[pos:end]
+            pos = end + 1 if nl >= 0 else n
+        return events
+
+    def _line(self, line: bytes, events: list[Event]) -> None:
+        self.lines += 1
+        self._line_bytes = len(line) + 1
+        try:
+            self._dispatch(self._parse(line), events)
+        except _Malformed as exc:
+            self._garbage(self._line_bytes, str(exc), events)
+        except Exception as exc:  # defensive: a hostile line must never escape as an error
+            self._garbage(self._line_bytes, f"unparseable ({type(exc).__name__})", events)
+
+    def _garbage(self, nbytes: int, reason: str, events: list[Event]) -> None:
+        self.garbage_lines += 1
+        self.garbage_bytes += nbytes
+        events.append(Garbage(nbytes, reason))
+
+    @staticmethod
+    def _parse(line: bytes) -> dict[str, Any]:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Malformed("not UTF-8") from None
+        try:
+            obj = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            raise _Malformed("not JSON") from None
+        if not isinstance(obj, dict):
+            raise _Malformed("not a JSON object")
+        return obj
+
+    def _dispatch(self, obj: dict[str, Any], events: list[Event]) -> None:
+        if "id" in obj:
+            rid = _require(obj, "id", _is_int, "an integer")
+            if "ok" in obj:
+                self._reply(rid, obj, events)
+            elif "ev" in obj:
+                self._stream(rid, obj, events)
+            else:
+                raise _Malformed("a message with an id has neither ok nor ev")
+            return
+        ev = _require(obj, "ev", _is_str, "a string")
+        if ev == "ready":
+            self._ready(obj, events)
+        elif ev == "pty_out":
+            pty = _require(obj, "pty", _is_int, "an integer")
+            data = _decode_b64(obj.get("data"), "data")
+            if pty not in self.ptys:
+                raise _Malformed(f"pty_out for unknown pty {pty}")
+            events.append(PtyOutput(pty, data))
+        elif ev == "pty_exit":
+            pty = _require(obj, "pty", _is_int, "an integer")
+            code = _require(obj, "exitCode", _is_opt_int, "an integer or null")
+            sig = _require(obj, "signal", _is_opt_int, "an integer or null")
+            if pty not in self.ptys:
+                raise _Malformed(f"pty_exit for unknown pty {pty}")
+            self.ptys.discard(pty)
+            events.append(PtyExit(pty, code, sig))
+        elif ev == "error":
+            text = _require(obj, "error", _is_str, "a string")
+            events.append(AgentError(_clean_text(text)))
+        else:
+            raise _Malformed(f"unknown event {_clean_text(ev)[:64]!r}")
+
+    def _ready(self, obj: dict[str, Any], events: list[Event]) -> None:
+        proto = _require(obj, "proto", _is_int, "an integer")
+        agent = _require(obj, "agent", _is_str, "a string")
+        pid = _require(obj, "pid", _is_int, "an integer")
+        restarted = self.agent_pid is not None and pid != self.agent_pid
+        self.agent_pid = pid
+        events.append(Ready(proto, _clean_text(agent), pid))
+        if restarted:
+            # A new agent process knows nothing of the old one's requests or ptys.
+            # The new agent may still answer requests that were queued in the
+            # port when the old one died; those late answers are dropped quietly.
+            for rid in list(self.pending):
+                self.abandon(rid)
+                events.append(Reply(rid, False, {}, "guest agent restarted"))
+            for pty in sorted(self.ptys):
+                events.append(PtyExit(pty, None, None))
+            self.ptys.clear()
+
+    def _known(self, rid: int, what: str) -> str | None:
+        """The op of an in-flight request; None (counted) for an abandoned one."""
+        op = self.pending.get(rid)
+        if op is not None:
+            return op
+        if rid in self._abandoned:
+            self.late_messages += 1
+            return None
+        raise _Malformed(f"{what} for unknown request {rid}")
+
+    def _reply(self, rid: int, obj: dict[str, Any], events: list[Event]) -> None:
+        ok = _require(obj, "ok", _is_bool, "a boolean")
+        error = None if ok else _clean_text(_require(obj, "error", _is_str, "a string"))
+        op = self._known(rid, "reply")
+        if op is None:
+            self._abandoned.pop(rid, None)
+            return
+        body = {k: v for k, v in obj.items() if k not in ("id", "ok", "error")}
+        if ok:
+            try:
+                for name, (check, what) in _REPLY_SHAPES.get(op, {}).items():
+                    _require(body, name, check, what)
+                if op == "pty_open" and body["pty"] in self.ptys:
+                    raise _Malformed(f"pty {body['pty']} is already open")
+                if op == "hello":
+                    pid = body.get("pid")
+                    if _is_int(pid) and self.agent_pid is None:
+                        self.agent_pid = pid
+            except _Malformed as exc:
+                # The request is final either way: fail it now rather than let
+                # its owner wait for a reply that will never come.
+                del self.pending[rid]
+                reason = f"malformed {op} reply: {exc}"
+                self._garbage(self._line_bytes, reason, events)
+                events.append(Reply(rid, False, {}, f"guest sent a {reason}"))
+                return
+            if op == "pty_open":
+                self.ptys.add(body["pty"])
+        del self.pending[rid]
+        events.append(Reply(rid, ok, body, error))
+
+    def _stream(self, rid: int, obj: dict[str, Any], events: list[Event]) -> None:
+        name = _require(obj, "ev", _is_str, "a string")
+        op = self._known(rid, f"{name!r} event")
+        if op is None:
+            return
+        if name not in _STREAMS.get(op, frozenset()):
+            raise _Malformed(f"{op} does not stream {_clean_text(name)[:64]!r}")
+        body = {k: v for k, v in obj.items() if k not in ("id", "ev", "data")}
+        data = _decode_b64(obj.get("data"), "data") if "data" in obj else b""
+        if name == "out":
+            fd = _require(body, "fd", _is_int, "an integer")
+            if fd not in (1, 2):
+                raise _Malformed(f"fd {fd} is neither 1 nor 2")
+            if "data" not in obj:
+                raise _Malformed("missing data")
+        events.append(Stream(rid, name, body, data))

@@ -1,0 +1,1 @@
+"""The HTTP face of rigd: JSON-RPC over POST and WebSocket, and the terminal lane."""

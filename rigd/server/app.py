@@ -1,0 +1,108 @@
+"""The quart-trio application: routes, authentication, and size limits.
+
+Routes:
+- ``POST /rpc`` and ``GET /rpc`` (WebSocket): JSON-RPC 2.0 (rigd.server.rpc).
+  Bodies and frames over 256 KB are refused: HTTP 413; WebSocket close 1009
+  (enforced by hypercorn's ``websocket_max_message_size``).
+- ``/rig/term/<rigId>`` (WebSocket): an interactive PTY. Authenticated by a
+  bearer token or a signed ``rig-term`` target, plus membership.
+- ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import trio
+from quart import Response, request, websocket
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from rigd.auth import Signer, bearer
+from rigd.errors import RigdError, Unauthorized
+from rigd.rigs import Caller, RigManager
+from rigd.server.rpc import Dispatcher, error
+from rigd.store.aio import Stores
+
+log = logging.getLogger("rigd.server")
+
+MAX_INBOUND = 256 * 1024
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(json.dumps(payload), status=status, content_type="application/json")
+
+
+class ServerContext:
+    def __init__(self, stores: Stores, rigs: RigManager, dispatcher: Dispatcher, signer: Signer) -> None:
+        self.stores = stores
+        self.rigs = rigs
+        self.dispatcher = dispatcher
+        self.signer = signer
+
+    async def caller_from_token(self, token: str | None) -> Caller:
+        if token is None:
+            raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
+        user = await self.stores.run(self.stores.server.user_for_token, token)
+        if user is None:
+            raise Unauthorized("unknown or revoked token")
+        return Caller(user)
+
+
+def create_app(ctx: ServerContext) -> QuartTrio:
+    app = QuartTrio("rigd")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_INBOUND
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        code = exc.code or 500
+        return json_response(
+            error(None, -32600, f"{code} {exc.name}", {"reason": exc.description or exc.name}), code
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"ok": True})
+
+    @app.post("/rpc")
+    async def rpc_http() -> Response:
+        try:
+            caller = await ctx.caller_from_token(bearer(request.headers.get("Authorization")))
+        except RigdError as exc:
+            return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, 401)
+        body = await request.get_data()
+        reply = await ctx.dispatcher.handle_bytes(caller, body)
+        if reply is None:
+            return Response("", status=204)
+        return json_response(reply)
+
+    @app.websocket("/rpc")
+    async def rpc_ws() -> Any:
+        try:
+            caller = await ctx.caller_from_token(bearer(websocket.headers.get("Authorization")))
+        except RigdError as exc:
+            return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, 401)
+        await websocket.accept()
+        send_lock = trio.Lock()
+
+        async def answer(message: str | bytes) -> None:
+            reply = await ctx.dispatcher.handle_bytes(caller, message)
+            if reply is not None:
+                async with send_lock:
+                    await websocket.send(json.dumps(reply))
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                message = await websocket.receive()
+                nursery.start_soon(answer, message)
+        return None
+
+    @app.websocket("/rig/term/<rig_id>")
+    async def terminal(rig_id: str) -> Any:
+        from rigd.server.term import serve_terminal
+
+        return await serve_terminal(ctx, rig_id)
+
+    return app

@@ -1,0 +1,203 @@
+"""``rigd serve``: wire the stores, backends, RPC and HTTP server together.
+
+Start-up order: data directory → databases and the first admin → image assets
+→ accelerator → HTTP listener (``server.json`` is written once the port is
+known). Shutdown (SIGINT/SIGTERM): stop accepting, close every rig with
+``serverShutdown``, and only then exit, so no QEMU outlives the server.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hyper_serve
+
+from rigd.auth import Signer, load_or_create_key
+from rigd.backends.accel import native_accel, probe
+from rigd.backends.confine import check_reachable, make_shared_dir
+from rigd.backends.smolvm import SmolvmBackend, SmolvmConfig
+from rigd.errors import RigdError
+from rigd.images import TerminalAssets, find_assets
+from rigd.images.pack import ensure_pack
+from rigd.model import Accel, Surface
+from rigd.rigs import RigManager
+from rigd.server.app import MAX_INBOUND, ServerContext, create_app
+from rigd.server.methods import build_methods
+from rigd.server.rpc import Dispatcher
+from rigd.store.aio import Stores
+
+log = logging.getLogger("rigd")
+
+
+@dataclass(slots=True)
+class ServeConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8470
+    accel: Accel | None = None
+    cache_dir: Path | None = None
+    qemu: str = "qemu-system-x86_64"
+
+
+def default_data_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/rigd")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "rigd"
+
+
+def write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def publish_assets(assets: TerminalAssets, data_dir: Path) -> TerminalAssets:
+    """Make the kernel, initramfs and tools disk readable by rig uids.
+
+    They are built into a cache that may sit in a private home (0700); rigs
+    read them from ``<dataDir>/rigs/assets/`` instead, as read-only hard links
+    (or copies when the cache is on another filesystem).
+    """
+    out = data_dir / "rigs" / "assets"
+    make_shared_dir(out)
+    placed: dict[str, Path] = {}
+    for name, src in (("kernel", assets.kernel), ("initrd", assets.initrd), ("tools", assets.tools)):
+        digest_dir = out / src.parent.name
+        make_shared_dir(digest_dir)
+        dst = digest_dir / src.name
+        if not dst.exists():
+            tmp = dst.with_name(dst.name + ".tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(src, tmp)
+            except OSError:
+                shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dst)
+        placed[name] = dst
+    return TerminalAssets(
+        kernel=placed["kernel"], initrd=placed["initrd"], tools=placed["tools"],
+        oci_layout=assets.oci_layout, image_digest=assets.image_digest,
+        kernel_release=assets.kernel_release,
+    )
+
+
+async def choose_accel(config: ServeConfig, assets: TerminalAssets) -> tuple[Accel | None, str | None]:
+    if config.accel is Accel.TCG:
+        return Accel.TCG, None
+    wanted = config.accel or native_accel()
+    if wanted is None:
+        return None, "this host has no supported accelerator (kvm on Linux, hvf on macOS)"
+    result = await probe(wanted, qemu=config.qemu, kernel=assets.kernel, initrd=assets.initrd)
+    if result.ok:
+        log.info("accelerator %s works (%s)", wanted, result.detail)
+        return wanted, None
+    problem = f"{wanted} probe failed: {result.detail}"
+    if config.accel is not None:
+        raise RigdError(f"--accel {wanted} was asked for, but {problem}")
+    return None, problem
+
+
+async def _warm_pack(backend: SmolvmBackend) -> None:
+    try:
+        await backend.pack(lambda step: log.info("pack: %s", step))
+    except RigdError as exc:
+        log.error("could not prepare the terminal pack: %s", exc.message)
+
+
+async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    data_dir = config.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o711)  # noqa: S103 - rig uids traverse, never list
+    check_reachable(data_dir)
+    stores = Stores(data_dir)
+    try:
+        await _serve(config, data_dir, stores, task_status)
+    finally:
+        stores.close()
+
+
+async def _serve(
+    config: ServeConfig, data_dir: Path, stores: Stores, task_status: trio.TaskStatus[str]
+) -> None:
+    admin, _ws, token = await stores.run(stores.server.bootstrap)
+    token_path = data_dir / "admin.token"
+    if token is None and not token_path.exists():
+        # The hash is all we keep; mint a fresh admin token for the operator.
+        token = await stores.run(stores.server.create_token, admin.id, "admin")
+    if token is not None:
+        write_private(token_path, token + "\n")
+
+    assets = publish_assets(await trio.to_thread.run_sync(find_assets, config.cache_dir), data_dir)
+    accel, problem = await choose_accel(config, assets)
+    if problem:
+        log.warning("no accelerator: %s; rigs cannot open until the server runs with --accel tcg", problem)
+
+    def make_pack(progress: Callable[[str], None]) -> Path:
+        rootfs = ensure_pack(assets, data_dir, progress)
+        # Rig uids read the pack through their overlays' backing file.
+        for d in (rootfs.parent.parent, rootfs.parent):
+            os.chmod(d, 0o711)  # noqa: S103 - rig uids traverse, never list
+        if rootfs.stat().st_mode & 0o777 != 0o444:
+            os.chmod(rootfs, 0o444)
+        return rootfs
+
+    backend = SmolvmBackend(
+        SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets, qemu=config.qemu),
+        ensure_pack=make_pack,
+    )
+    rigs = RigManager(stores, {Surface.TERMINAL: backend}, accel=accel, accel_problem=problem)
+    signer = Signer(load_or_create_key(data_dir / "signing.key"))
+    base_url: list[str] = []
+    dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url))
+    app = create_app(ServerContext(stores, rigs, dispatcher, signer))
+
+    hyper = HyperConfig()
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hyper.bind = [f"{host}:{config.port}"]
+    hyper.websocket_max_message_size = MAX_INBOUND
+    hyper.accesslog = None
+    hyper.graceful_timeout = 2.0
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rigs.run)
+        if accel is not None:
+            # Unpack the default image now, so the first rig.open does not wait for it.
+            nursery.start_soon(_warm_pack, backend)
+        shutdown = trio.Event()
+
+        async def on_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for sig in signals:
+                    log.info("received %s; closing every rig", signal.Signals(sig).name)
+                    shutdown.set()
+                    return
+
+        nursery.start_soon(on_signals)
+        serve_http = functools.partial(hyper_serve, app, hyper, shutdown_trigger=shutdown.wait)
+        binds = await nursery.start(serve_http)
+        url = str(binds[0])
+        base_url.append(url)
+        write_private(data_dir / "server.json", json.dumps({"url": url}) + "\n")
+        os.chmod(data_dir / "server.json", 0o644)
+        task_status.started(url)
+        print(f"rigd {url} (data {data_dir}, accel {accel or 'none: ' + (problem or '')})", flush=True)
+        print(f"admin token: {token_path}", flush=True)
+        await shutdown.wait()
+        await rigs.shutdown()
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,305 @@
+"""The server database: users, bearer tokens, workspaces, memberships, and an
+index from rig id to workspace (so ``rig.get`` by id finds the right
+workspace database without scanning them all)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigd.errors import Conflict, FieldError, NotFound
+from rigd.store.migrate import connect, migrate
+from rigd.store.util import iso, new_id, new_token, token_hash, utcnow
+
+MIGRATIONS: list[str] = [
+    # v1
+    """
+    CREATE TABLE users (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL CHECK (kind IN ('person', 'agent')),
+        is_admin INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL REFERENCES users(id),
+        token_sha256 TEXT NOT NULL UNIQUE,
+        label TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        revoked_at TEXT
+    );
+    CREATE TABLE workspaces (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        created_at TEXT NOT NULL,
+        deleted_at TEXT
+    );
+    CREATE TABLE memberships (
+        workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+        user_id TEXT NOT NULL REFERENCES users(id),
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (workspace_id, user_id)
+    );
+    CREATE TABLE rig_index (
+        rig_id TEXT PRIMARY KEY,
+        workspace_id TEXT NOT NULL REFERENCES workspaces(id)
+    );
+    """,
+]
+
+NAME_MAX = 64
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    id: str
+    name: str
+    kind: str
+    is_admin: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "name": self.name, "kind": self.kind, "admin": self.is_admin}
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    id: str
+    name: str
+    created_at: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "name": self.name, "createdAt": self.created_at}
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    workspace_id: str
+    user_id: str
+
+
+def _check_name(field: str, value: str) -> str:
+    name = value.strip()
+    if not name or len(name) > NAME_MAX or not name.isprintable():
+        raise FieldError(field, f"must be 1 to {NAME_MAX} printable characters")
+    return name
+
+
+class ServerDB:
+    """Synchronous access to ``server.db``. One instance per process; calls are
+    serialised by a lock so the async adapter may use any worker thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._conn = connect(str(path))
+        self._lock = threading.Lock()
+        migrate(self._conn, MIGRATIONS, kind="server")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- bootstrap ---------------------------------------------------------
+
+    def bootstrap(self) -> tuple[User, Workspace, str | None]:
+        """Ensure an admin and a ``default`` workspace exist.
+
+        Returns the admin, the default workspace, and a fresh admin token when
+        this call created the admin (``None`` on later starts: the token is
+        stored only as a hash and cannot be shown again).
+        """
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(
+                    "SELECT * FROM users WHERE is_admin = 1 ORDER BY created_at LIMIT 1"
+                ).fetchone()
+                token: str | None = None
+                if row is None:
+                    admin = User(new_id("usr"), "admin", "person", True)
+                    conn.execute(
+                        "INSERT INTO users VALUES (?, ?, ?, 1, ?)",
+                        (admin.id, admin.name, admin.kind, iso(utcnow())),
+                    )
+                    token = new_token()
+                    conn.execute(
+                        "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, NULL)",
+                        (new_id("tok"), admin.id, token_hash(token), "admin", iso(utcnow())),
+                    )
+                else:
+                    admin = _user(row)
+                ws_row = conn.execute(
+                    "SELECT * FROM workspaces WHERE name = 'default'"
+                ).fetchone()
+                if ws_row is None:
+                    ws = Workspace(new_id("ws"), "default", iso(utcnow()))
+                    conn.execute(
+                        "INSERT INTO workspaces VALUES (?, ?, ?, NULL)",
+                        (ws.id, ws.name, ws.created_at),
+                    )
+                    conn.execute(
+                        "INSERT INTO memberships VALUES (?, ?, ?)",
+                        (ws.id, admin.id, iso(utcnow())),
+                    )
+                else:
+                    ws = _workspace(ws_row)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return admin, ws, token
+
+    # -- users and tokens --------------------------------------------------
+
+    def user_for_token(self, token: str) -> User | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT u.* FROM tokens t JOIN users u ON u.id = t.user_id "
+                "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL",
+                (token_hash(token),),
+            ).fetchone()
+        return None if row is None else _user(row)
+
+    def create_user(self, name: str, kind: str = "agent", *, admin: bool = False) -> User:
+        name = _check_name("name", name)
+        if kind not in ("person", "agent"):
+            raise FieldError("kind", "must be 'person' or 'agent'")
+        user = User(new_id("usr"), name, kind, admin)
+        with self._lock:
+            try:
+                self._conn.execute(
+                    "INSERT INTO users VALUES (?, ?, ?, ?, ?)",
+                    (user.id, user.name, user.kind, int(admin), iso(utcnow())),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise Conflict(f"a user named {name!r} already exists", field="name") from exc
+        return user
+
+    def get_user(self, user_id: str) -> User:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM users WHERE id = ?", (user_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no user {user_id!r}", field="user")
+        return _user(row)
+
+    def find_user(self, name: str) -> User | None:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM users WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _user(row)
+
+    def create_token(self, user_id: str, label: str) -> str:
+        self.get_user(user_id)
+        token = new_token()
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, NULL)",
+                (new_id("tok"), user_id, token_hash(token), label[:NAME_MAX], iso(utcnow())),
+            )
+        return token
+
+    # -- workspaces and memberships -----------------------------------------
+
+    def create_workspace(self, name: str) -> Workspace:
+        name = _check_name("name", name)
+        ws = Workspace(new_id("ws"), name, iso(utcnow()))
+        with self._lock:
+            try:
+                self._conn.execute(
+                    "INSERT INTO workspaces VALUES (?, ?, ?, NULL)", (ws.id, ws.name, ws.created_at)
+                )
+            except sqlite3.IntegrityError as exc:
+                raise Conflict(f"a workspace named {name!r} already exists", field="name") from exc
+        return ws
+
+    def workspaces_of(self, user_id: str) -> list[Workspace]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT w.* FROM workspaces w JOIN memberships m ON m.workspace_id = w.id "
+                "WHERE m.user_id = ? AND w.deleted_at IS NULL ORDER BY w.created_at",
+                (user_id,),
+            ).fetchall()
+        return [_workspace(r) for r in rows]
+
+    def resolve_workspace(self, user_id: str, ref: str) -> Workspace:
+        """A workspace by id or name that ``user_id`` is a member of.
+
+        Not being a member and the workspace not existing are the same answer.
+        """
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT w.* FROM workspaces w JOIN memberships m ON m.workspace_id = w.id "
+                "WHERE m.user_id = ? AND (w.id = ? OR w.name = ?) AND w.deleted_at IS NULL",
+                (user_id, ref, ref),
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no workspace {ref!r}", field="workspace")
+        return _workspace(row)
+
+    def get_workspace(self, ref: str) -> Workspace:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT * FROM workspaces WHERE (id = ? OR name = ?) AND deleted_at IS NULL",
+                (ref, ref),
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no workspace {ref!r}", field="workspace")
+        return _workspace(row)
+
+    def all_workspaces(self) -> list[Workspace]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM workspaces WHERE deleted_at IS NULL ORDER BY created_at"
+            ).fetchall()
+        return [_workspace(r) for r in rows]
+
+    def is_member(self, workspace_id: str, user_id: str) -> bool:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT 1 FROM memberships WHERE workspace_id = ? AND user_id = ?",
+                (workspace_id, user_id),
+            ).fetchone()
+        return row is not None
+
+    def add_member(self, workspace_id: str, user_id: str) -> None:
+        self.get_user(user_id)
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO memberships VALUES (?, ?, ?)",
+                (workspace_id, user_id, iso(utcnow())),
+            )
+
+    def remove_member(self, workspace_id: str, user_id: str) -> int:
+        """Remove a membership; returns how many members remain."""
+        with self._lock:
+            self._conn.execute(
+                "DELETE FROM memberships WHERE workspace_id = ? AND user_id = ?",
+                (workspace_id, user_id),
+            )
+            row = self._conn.execute(
+                "SELECT COUNT(*) FROM memberships WHERE workspace_id = ?", (workspace_id,)
+            ).fetchone()
+        return int(row[0])
+
+    # -- rig index -----------------------------------------------------------
+
+    def index_rig(self, rig_id: str, workspace_id: str) -> None:
+        with self._lock:
+            self._conn.execute("INSERT INTO rig_index VALUES (?, ?)", (rig_id, workspace_id))
+
+    def workspace_of_rig(self, rig_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT workspace_id FROM rig_index WHERE rig_id = ?", (rig_id,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+
+def _user(row: sqlite3.Row) -> User:
+    return User(row["id"], row["name"], row["kind"], bool(row["is_admin"]))
+
+
+def _workspace(row: sqlite3.Row) -> Workspace:
+    return Workspace(row["id"], row["name"], row["created_at"])

@@ -1,0 +1,275 @@
+"""One SQLite database per workspace: ``rig_sessions`` and ``rig_action_log``
+(RIGS.md §11).
+
+The action log is written *before* a verb runs (outcome ``pending``) and
+completed after, so an input is on record even if the server dies while it
+runs. Sequence numbers come from ``rig_seq`` inside the same transaction as
+the row, so they only grow — across restarts too — and never repeat.
+Closed rigs keep their rows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from rigd.errors import NotFound
+from rigd.store.migrate import connect, migrate
+from rigd.store.util import iso, utcnow
+
+MIGRATIONS: list[str] = [
+    # v1
+    """
+    CREATE TABLE rig_sessions (
+        id TEXT PRIMARY KEY,
+        workspace_id TEXT NOT NULL,
+        conversation TEXT,
+        surface TEXT NOT NULL,
+        engine TEXT,
+        backend TEXT NOT NULL,
+        accel TEXT,
+        phase TEXT NOT NULL,
+        phase_detail TEXT NOT NULL DEFAULT '',
+        close_reason TEXT,
+        failure TEXT,
+        display_w INTEGER,
+        display_h INTEGER,
+        memory_mb INTEGER NOT NULL,
+        vcpus INTEGER NOT NULL,
+        ttl_s INTEGER NOT NULL,
+        idle_s INTEGER NOT NULL,
+        image TEXT,
+        exec_image INTEGER NOT NULL DEFAULT 0,
+        created_by TEXT NOT NULL,
+        controller_kind TEXT,
+        controller_id TEXT,
+        created_at TEXT NOT NULL,
+        last_active_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        closed_at TEXT,
+        pid INTEGER,
+        pid_start_ticks INTEGER,
+        console_tail TEXT
+    );
+    CREATE INDEX rig_sessions_live ON rig_sessions(phase);
+    CREATE INDEX rig_sessions_conversation ON rig_sessions(conversation, surface);
+    CREATE TABLE rig_seq (
+        rig_id TEXT PRIMARY KEY,
+        last_seq INTEGER NOT NULL
+    );
+    CREATE TABLE rig_action_log (
+        rig_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        at TEXT NOT NULL,
+        actor_kind TEXT NOT NULL,
+        actor_id TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        verb TEXT NOT NULL,
+        args TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        error TEXT,
+        duration_ms INTEGER,
+        PRIMARY KEY (rig_id, seq)
+    );
+    """,
+]
+
+
+@dataclass(slots=True)
+class RigRow:
+    """A row of ``rig_sessions``; field names follow the columns."""
+
+    id: str
+    workspace_id: str
+    conversation: str | None
+    surface: str
+    engine: str | None
+    backend: str
+    accel: str | None
+    phase: str
+    phase_detail: str
+    close_reason: str | None
+    failure: str | None
+    display_w: int | None
+    display_h: int | None
+    memory_mb: int
+    vcpus: int
+    ttl_s: int
+    idle_s: int
+    image: str | None
+    exec_image: bool
+    created_by: str
+    controller_kind: str | None
+    controller_id: str | None
+    created_at: str
+    last_active_at: str
+    expires_at: str
+    closed_at: str | None
+    pid: int | None
+    pid_start_ticks: int | None
+    console_tail: str | None
+
+
+_RIG_COLUMNS = [f.name for f in fields(RigRow)]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRow:
+    rig_id: str
+    seq: int
+    at: str
+    actor_kind: str
+    actor_id: str
+    tool: str
+    verb: str
+    args: dict[str, Any]
+    outcome: str
+    error: str | None
+    duration_ms: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rigId": self.rig_id, "seq": self.seq, "at": self.at,
+            "actor": {"kind": self.actor_kind, "id": self.actor_id},
+            "tool": self.tool, "verb": self.verb, "args": self.args,
+            "outcome": self.outcome, "error": self.error, "durationMs": self.duration_ms,
+        }
+
+
+LIVE_PHASES = ("provisioning", "ready", "parked", "closing")
+
+
+class WorkspaceDB:
+    def __init__(self, path: Path, workspace_id: str) -> None:
+        self.path = path
+        self.workspace_id = workspace_id
+        self._conn = connect(str(path))
+        self._lock = threading.Lock()
+        migrate(self._conn, MIGRATIONS, kind="workspace")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- rig_sessions --------------------------------------------------------
+
+    def insert_rig(self, row: RigRow) -> None:
+        values = [getattr(row, c) for c in _RIG_COLUMNS]
+        marks = ", ".join("?" for _ in _RIG_COLUMNS)
+        with self._lock:
+            self._conn.execute(
+                f"INSERT INTO rig_sessions ({', '.join(_RIG_COLUMNS)}) VALUES ({marks})",  # noqa: S608 - column names are ours
+                values,
+            )
+
+    def update_rig(self, rig_id: str, **changes: Any) -> None:
+        unknown = set(changes) - set(_RIG_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown rig_sessions columns: {sorted(unknown)}")
+        if not changes:
+            return
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+        with self._lock:
+            self._conn.execute(
+                f"UPDATE rig_sessions SET {assignments} WHERE id = ?",  # noqa: S608 - column names checked above
+                [*changes.values(), rig_id],
+            )
+
+    def get_rig(self, rig_id: str) -> RigRow:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM rig_sessions WHERE id = ?", (rig_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no rig {rig_id!r}", field="rigId")
+        return _rig(row)
+
+    def list_rigs(self, *, include_closed: bool = True) -> list[RigRow]:
+        """All rigs, or all but the closed ones (failed rigs stay listed for a retry)."""
+        query = "SELECT * FROM rig_sessions"
+        if not include_closed:
+            query += " WHERE phase != 'closed'"
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY created_at").fetchall()
+        return [_rig(r) for r in rows]
+
+    def live_rigs(self) -> list[RigRow]:
+        """Rigs that may still have a machine (for crash recovery)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM rig_sessions WHERE phase IN (?, ?, ?, ?) ORDER BY created_at",
+                LIVE_PHASES,
+            ).fetchall()
+        return [_rig(r) for r in rows]
+
+    # -- rig_action_log ------------------------------------------------------
+
+    def begin_action(
+        self, rig_id: str, *, actor_kind: str, actor_id: str, tool: str, verb: str,
+        args: dict[str, Any],
+    ) -> int:
+        """Record an input before it runs; returns its sequence number."""
+        encoded = json.dumps(args, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                seq = int(
+                    conn.execute(
+                        "INSERT INTO rig_seq VALUES (?, 1) ON CONFLICT(rig_id) "
+                        "DO UPDATE SET last_seq = last_seq + 1 RETURNING last_seq",
+                        (rig_id,),
+                    ).fetchone()[0]
+                )
+                conn.execute(
+                    "INSERT INTO rig_action_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', NULL, NULL)",
+                    (rig_id, seq, iso(utcnow()), actor_kind, actor_id, tool, verb, encoded),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return seq
+
+    def finish_action(
+        self, rig_id: str, seq: int, *, outcome: str, error: str | None, duration_ms: int
+    ) -> None:
+        with self._lock:
+            self._conn.execute(
+                "UPDATE rig_action_log SET outcome = ?, error = ?, duration_ms = ? "
+                "WHERE rig_id = ? AND seq = ?",
+                (outcome, error, duration_ms, rig_id, seq),
+            )
+
+    def abandon_pending(self) -> int:
+        """Mark actions left ``pending`` by a crashed server as ``interrupted``."""
+        with self._lock:
+            cur = self._conn.execute(
+                "UPDATE rig_action_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
+            )
+        return int(cur.rowcount)
+
+    def actions(self, rig_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[ActionRow]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM rig_action_log WHERE rig_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (rig_id, after_seq, limit),
+            ).fetchall()
+        return [
+            ActionRow(
+                r["rig_id"], r["seq"], r["at"], r["actor_kind"], r["actor_id"], r["tool"],
+                r["verb"], json.loads(r["args"]), r["outcome"], r["error"], r["duration_ms"],
+            )
+            for r in rows
+        ]
+
+
+def _rig(row: Any) -> RigRow:
+    values = {c: row[c] for c in _RIG_COLUMNS}
+    values["exec_image"] = bool(values["exec_image"])
+    return RigRow(**values)
+
+
+def now_iso() -> str:
+    return iso(utcnow())

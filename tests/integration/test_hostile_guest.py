@@ -1,0 +1,66 @@
+"""A hostile guest: root inside the rig kills the agent and takes over its
+channel — flooding it with garbage and an endless line, or going silent. The
+server must stay responsive, other rigs unaffected, and the rig closable."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.conftest import Server, exec_, open_terminal
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(300)]
+
+# Root inside the guest kills the agent, grabs its port before PID 1 can
+# restart it, and writes random bytes, a 5 MB line without a newline, and
+# forged replies, again and again. (Python here is the image's own.)
+FLOOD_PY = """
+import glob, os, time
+port = next('/dev/' + os.path.basename(d) for d in glob.glob('/sys/class/virtio-ports/*')
+            if open(d + '/name').read().strip() == 'rigd.agent')
+time.sleep(1)
+os.kill(int(open('/run/rigd-agent.pid').read()), 9)
+while True:
+    try:
+        fd = os.open(port, os.O_WRONLY)
+        break
+    except OSError:
+        pass
+while True:
+    os.write(fd, os.urandom(200000))
+    os.write(fd, b'a' * 5000000)
+    os.write(fd, b'\\n{"id": 999999, "ok": true}\\n{"ev": "ready"}\\n')
+"""
+FLOOD = f"cat > /tmp/flood.py <<'EOF'\n{FLOOD_PY}\nEOF\nsetsid python3 /tmp/flood.py </dev/null >/dev/null 2>&1 &"
+
+SILENCE = "setsid sh -c 'sleep 1; kill -STOP $(cat /run/rigd-agent.pid)' </dev/null >/dev/null 2>&1 &"
+
+
+def responsive(server: Server, rig_id: str) -> float:
+    started = time.monotonic()
+    assert server.call("rig.get", {"rigId": rig_id})["id"] == rig_id
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("attack", [FLOOD, SILENCE], ids=["flood", "silence"])
+def test_hostile_agent_leaves_server_responsive(server: Server, attack: str) -> None:
+    victim = open_terminal(server)
+    bystander = open_terminal(server)
+    exec_(server, victim["id"], command=attack)
+    time.sleep(3)
+    for _ in range(5):
+        assert responsive(server, victim["id"]) < 2.0
+        time.sleep(0.2)
+    if attack is FLOOD:
+        channel = server.call("rig.get", {"rigId": victim["id"]})["agentChannel"]
+        assert channel["garbageBytes"] > 1_000_000, channel
+    err = server.error("rig.act", {"rigId": victim["id"], "tool": "terminal_use",
+                                   "action": {"action": "exec", "argv": ["true"], "timeoutS": 1}})
+    assert "guest agent" in err["message"], err
+    # The other rig is untouched.
+    ok = exec_(server, bystander["id"], argv=["echo", "still-fine"])
+    assert ok["stdout"]["text"] == "still-fine\n"
+    started = time.monotonic()
+    closed = server.call("rig.close", {"rigId": victim["id"]})
+    assert closed["phase"] == "closed" and time.monotonic() - started < 30

@@ -1,0 +1,166 @@
+"""The rig manager over the in-memory fake backend: lifecycle, reuse,
+visibility, and the audit log. Real machines are in tests/integration."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+from trio.testing import wait_all_tasks_blocked
+
+from rigd.backends.fake import FakeBackend
+from rigd.errors import Conflict, FieldError, NotFound
+from rigd.model import Accel, Surface
+from rigd.rigs import Caller, RigManager
+from rigd.store.aio import Stores
+
+pytestmark = pytest.mark.timeout(20)
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.stores = Stores(tmp)
+        admin, ws, _ = self.stores.server.bootstrap()
+        self.admin = Caller(admin)
+        self.ws = ws
+        self.outsider = Caller(self.stores.server.create_user("outsider"))
+        self.backend = FakeBackend()
+        self.rigs = RigManager(self.stores, {Surface.TERMINAL: self.backend}, accel=Accel.TCG)
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    w = World(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.rigs.run)
+        yield w
+        nursery.cancel_scope.cancel()
+    w.stores.close()
+
+
+async def test_open_exec_close_keeps_audit_rows(world: World) -> None:
+    rig = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal"})
+    assert rig["phase"] == "ready" and rig["accel"] == "tcg" and rig["securityBoundary"] is False
+    assert any("not a security boundary" in n for n in rig["notes"])
+    result = await world.rigs.act(world.admin, {
+        "rigId": rig["id"], "tool": "terminal_use",
+        "action": {"action": "exec", "argv": ["echo", "hi"]},
+    })
+    assert result["exitCode"] == 0 and result["stdout"]["text"] == "hi\n"
+    assert result["stdout"]["untrusted"] is True
+    closed = await world.rigs.close(world.admin, {"rigId": rig["id"]})
+    assert closed["phase"] == "closed" and closed["closeReason"] == "requested"
+    assert world.backend.machines[0].closed
+    log = await world.rigs.actions(world.admin, {"rigId": rig["id"]})
+    assert [(a["tool"], a["verb"], a["outcome"]) for a in log] == [
+        ("rig", "open", "ok"), ("terminal_use", "exec", "ok"), ("rig", "close", "ok")]
+    assert [a["seq"] for a in log] == [1, 2, 3]
+    listed = await world.rigs.list_rigs(world.admin, {"workspace": "default", "includeClosed": True})
+    assert [r["id"] for r in listed] == [rig["id"]]
+
+
+async def test_typed_text_is_masked_in_the_audit_log(world: World) -> None:
+    rig = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal"})
+    secret = "hunter2-super-secret"
+    await world.rigs.act(world.admin, {
+        "rigId": rig["id"], "tool": "terminal_use",
+        "action": {"action": "exec", "argv": ["cat"], "stdin": secret, "env": {"TOKEN": secret}},
+    })
+    log = await world.rigs.actions(world.admin, {"rigId": rig["id"]})
+    dumped = json.dumps(log)
+    assert secret not in dumped
+    exec_row = log[-1]
+    assert exec_row["args"]["stdin"]["len"] == len(secret)
+    assert len(exec_row["args"]["stdin"]["sha256"]) == 64
+    db_bytes = (world.stores.data_dir / "workspaces" / f"{world.ws.id}.db").read_bytes()
+    assert secret.encode() not in db_bytes
+
+
+async def test_malformed_action_names_the_field_and_is_logged(world: World) -> None:
+    rig = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal"})
+    with pytest.raises(FieldError) as exc:
+        await world.rigs.act(world.admin, {"rigId": rig["id"], "tool": "terminal_use",
+                                           "action": {"action": "exec", "argv": [], "timeoutS": 5}})
+    assert exc.value.field.startswith("action.")
+    with pytest.raises(FieldError) as exc:
+        await world.rigs.act(world.admin, {"rigId": rig["id"], "tool": "computer_use",
+                                           "action": {"action": "screenshot"}})
+    assert exc.value.field == "tool"
+    log = await world.rigs.actions(world.admin, {"rigId": rig["id"]})
+    assert [a["outcome"] for a in log[1:]] == ["error", "error"]
+
+
+async def test_conversation_reuses_its_terminal(world: World) -> None:
+    a = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal",
+                                            "conversation": "c1"})
+    b = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal",
+                                            "conversation": "c1"})
+    c = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal",
+                                            "conversation": "c2"})
+    assert a["id"] == b["id"] != c["id"]
+    assert len(world.backend.machines) == 2
+
+
+async def test_outsiders_cannot_tell_a_rig_exists(world: World) -> None:
+    rig = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal"})
+    errors = []
+    for call in (
+        world.rigs.get(world.outsider, {"rigId": rig["id"]}),
+        world.rigs.close(world.outsider, {"rigId": rig["id"]}),
+        world.rigs.act(world.outsider, {"rigId": rig["id"], "tool": "terminal_use",
+                                        "action": {"action": "exec", "argv": ["echo"]}}),
+        world.rigs.get(world.outsider, {"rigId": "rig_doesnotexist"}),
+    ):
+        with pytest.raises(NotFound) as exc:
+            await call
+        errors.append(exc.value.to_json())
+    # A foreign rig and a missing one get the same shape of answer.
+    assert {e["code"] for e in errors} == {NotFound.code}
+    assert errors[0]["data"] == errors[3]["data"] == {"field": "rigId"}
+    with pytest.raises(NotFound):
+        await world.rigs.list_rigs(world.outsider, {"workspace": "default"})
+    assert (await world.rigs.get(world.admin, {"rigId": rig["id"]}))["phase"] == "ready"
+
+
+async def test_machine_death_marks_failed_backend_failure(world: World) -> None:
+    rig = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal"})
+    world.backend.machines[0].died.set()
+    with trio.fail_after(5):
+        while (await world.rigs.get(world.admin, {"rigId": rig["id"]}))["phase"] != "failed":
+            await trio.sleep(0.01)
+    got = await world.rigs.get(world.admin, {"rigId": rig["id"]})
+    assert got["closeReason"] == "backendFailure" and "died" in got["failure"]
+    with pytest.raises(Conflict):
+        await world.rigs.act(world.admin, {"rigId": rig["id"], "tool": "terminal_use",
+                                           "action": {"action": "exec", "argv": ["echo"]}})
+    closed = await world.rigs.close(world.admin, {"rigId": rig["id"]})
+    assert closed["phase"] == "closed" and closed["closeReason"] == "backendFailure"
+
+
+async def test_boot_failure_is_failed_with_reason(world: World) -> None:
+    world.backend.fail_boot = "kernel panic"
+    with pytest.raises(Exception, match="kernel panic"):
+        await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal"})
+    rigs = await world.rigs.list_rigs(world.admin, {"workspace": "default"})
+    assert rigs[0]["phase"] == "failed" and rigs[0]["failure"] == "kernel panic"
+
+
+async def test_phase_detail_names_the_step(world: World) -> None:
+    world.backend.boot_gate = trio.Event()
+    rig = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal",
+                                              "wait": False})
+    assert rig["phase"] == "provisioning"
+    await wait_all_tasks_blocked()
+    got = await world.rigs.get(world.admin, {"rigId": rig["id"]})
+    assert got["phaseDetail"] == "booting kernel"
+    world.backend.boot_gate.set()
+
+
+async def test_shutdown_closes_with_server_shutdown(world: World) -> None:
+    rig = await world.rigs.open(world.admin, {"workspace": "default", "surface": "terminal"})
+    await world.rigs.shutdown()
+    got = await world.rigs.get(world.admin, {"rigId": rig["id"]})
+    assert got["phase"] == "closed" and got["closeReason"] == "serverShutdown"
