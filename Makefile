@@ -39,7 +39,7 @@ run: images
 	exec $(BIN)/rigd serve --data-dir "$(DATA_DIR)" --port $(PORT) $$accel
 
 lint: venv
-	$(BIN)/ruff check rigd tests bench guest-agent
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 unit: venv

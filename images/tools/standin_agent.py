@@ -9,8 +9,8 @@ as soon as guest-agent/rigd_agent.py exists.
 import argparse
 import os
 import signal
-import ssl
 import sqlite3
+import ssl
 import sys
 import time
 
