@@ -80,6 +80,7 @@ class GuestConnection:
         self._closed = trio.Event()
         self._log = log
         self.ready = trio.Event()
+        self._ready_tick = trio.Event()
         self.stats = ChannelStats()
 
     @property
@@ -146,6 +147,8 @@ class GuestConnection:
         elif isinstance(event, Ready):
             self.stats.ready_lines += 1
             self.ready.set()
+            self._ready_tick.set()
+            self._ready_tick = trio.Event()
         elif isinstance(event, AgentError):
             self.stats.agent_errors += 1
             self._log.info("guest agent reported an error", extra={"guest_error": event.text[:200]})
@@ -153,6 +156,10 @@ class GuestConnection:
             self.stats.garbage_events += 1
             self.stats.garbage_bytes += event.nbytes
             self.stats.last_garbage = event.reason[:100]
+
+    def ready_tick(self) -> trio.Event:
+        """An event set by the *next* ``ready`` line the agent sends."""
+        return self._ready_tick
 
     async def request(
         self,

@@ -234,19 +234,35 @@ class SmolvmMachine:
             await trio.sleep(0.01)
 
     async def _hello(self) -> None:
-        assert self.guest is not None
-        while True:
+        """Say hello until the agent answers.
+
+        The agent announces itself with a ``ready`` line when it opens its
+        port; a hello sent before that may sit unread or be lost, so a ready
+        line cuts the current attempt short and a fresh hello goes at once.
+        """
+        guest = self.guest
+        assert guest is not None
+        answer: list[dict[str, Any]] = []
+
+        async def attempt(done: trio.CancelScope) -> None:
+            with contextlib.suppress(GuestError):
+                answer.append(await guest.request("hello", timeout=1.0, time=time.time()))
+            done.cancel()
+
+        async def on_ready(tick: trio.Event, done: trio.CancelScope) -> None:
+            await tick.wait()
+            done.cancel()
+
+        while not answer:
             if self._exited.is_set():
                 raise BackendError(f"QEMU exited during boot: {self._death_reason()}")
-            if self.guest.closed:
+            if guest.closed:
                 raise BackendError("the guest agent channel closed during boot")
-            try:
-                body = await self.guest.request("hello", timeout=1.0, time=time.time())
-            except GuestError:
-                continue
-            kernel = body.get("kernel")
-            self.guest_kernel = kernel[:300] if isinstance(kernel, str) else None
-            return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(attempt, nursery.cancel_scope)
+                nursery.start_soon(on_ready, guest.ready_tick(), nursery.cancel_scope)
+        kernel = answer[0].get("kernel")
+        self.guest_kernel = kernel[:300] if isinstance(kernel, str) else None
 
     async def _watch_process(self) -> None:
         assert self.proc is not None

@@ -49,6 +49,8 @@ class Dispatcher:
             msg = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return error(None, PARSE_ERROR, "parse error: the body is not JSON")
+        except RecursionError:
+            return error(None, PARSE_ERROR, "parse error: the JSON is nested too deeply")
         if isinstance(msg, list):
             if not msg:
                 return error(None, INVALID_REQUEST, "invalid request: empty batch")

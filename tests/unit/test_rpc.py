@@ -51,6 +51,8 @@ async def test_admin_only() -> None:
     ("body", "code"),
     [
         (b"{not json", -32700),
+        (b"[" * 100_000 + b"]" * 100_000, -32700),
+        (b"\xff\xfe", -32700),
         (b"[]", -32600),
         (b"42", -32600),
         (json.dumps({"jsonrpc": "1.0", "id": 1, "method": "echo"}).encode(), -32600),

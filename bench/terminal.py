@@ -1,0 +1,859 @@
+"""Terminal rigs against their named peers, measured in one run (``make bench``).
+
+Two ratios, each against a peer measured in the same run, on the same image,
+kernel, accelerator, memory and vCPUs (speed targets live here, never in timed
+tests):
+
+(a) ``rig.open`` → ready (the blocking RPC, pack already warm) against a raw
+    ``qemu-system-x86_64`` started with the same :func:`microvm_argv` on a
+    fresh overlay of the same pack, timed from spawn to ``RIGD-AGENT-READY``
+    on the serial console. Target: ratio ≤ 1.3.
+(b) an exec round trip of ``true`` in **one** guest: the rigd agent's ``exec``
+    (request → final reply, over :class:`GuestConnection`) against Debian's
+    ``qemu-ga`` ``guest-exec`` + back-to-back ``guest-exec-status`` polls
+    until ``exited``. Target: ratio ≤ 0.5. As context, ``rig.act`` exec over
+    HTTP on a rig opened by the server is set against the same qemu-ga number.
+
+Each side gets a warm-up, then ``--rounds`` interleaved rounds (the order of
+the sides alternates); every sample and the medians are printed. A missed
+target is reported as "not met", never tuned away.
+
+Every process started here (the server, raw QEMUs, and the server's QEMUs,
+whose pids ``rig.open`` reports) is killed by pid on the way out, also on
+errors, Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from rigd.backends.guest_client import GuestConnection  # noqa: E402
+from rigd.backends.microvm_argv import microvm_argv  # noqa: E402
+from rigd.backends.procs import proc_alive, proc_start_ticks  # noqa: E402
+from rigd.cli import Client  # noqa: E402
+from rigd.errors import GuestError  # noqa: E402
+from rigd.images import TerminalAssets, find_assets  # noqa: E402
+from rigd.images.pack import ensure_pack  # noqa: E402
+from rigd.protocols.guest import Stream  # noqa: E402
+from rigd.server.main import publish_assets  # noqa: E402
+
+TARGET_OPEN = 1.3
+TARGET_EXEC = 0.5
+READY = b"RIGD-AGENT-READY"
+BOOT_FAIL = b"RIGD-BOOT-FAIL"
+QGA_PORT = "org.qemu.guest_agent.0"
+MAX_OUTPUT = 2 * 1024 * 1024  # what rigd's rig.act passes (EXEC_OUTPUT_LIMIT)
+SERIAL_BUS = "virtio-serial-device,max_ports=2"
+
+log = logging.getLogger("bench")
+
+
+class BenchError(Exception):
+    pass
+
+
+# --- every process we start, killed by pid ---------------------------------------
+
+
+@dataclass(slots=True)
+class _Tracked:
+    ticks: int | None
+    what: str
+
+
+class Reaper:
+    """Pids (with start times, so a recycled pid is never hit) of everything we started."""
+
+    def __init__(self) -> None:
+        self.pids: dict[int, _Tracked] = {}
+        self.ever: dict[int, _Tracked] = {}
+
+    def add(self, pid: int, what: str) -> None:
+        tracked = _Tracked(proc_start_ticks(pid), what)
+        self.pids[pid] = tracked
+        self.ever[pid] = tracked
+
+    def discard(self, pid: int) -> None:
+        self.pids.pop(pid, None)
+
+    def alive(self) -> list[tuple[int, str]]:
+        return [(pid, t.what) for pid, t in self.ever.items() if proc_alive(pid, t.ticks)]
+
+    def kill_all(self, wait_s: float = 10.0) -> None:
+        for pid, t in list(self.pids.items()):
+            if proc_alive(pid, t.ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + wait_s
+        for pid, t in list(self.pids.items()):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)  # our own child: reap it
+            while proc_alive(pid, t.ticks) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the server's child: nothing to wait on but /proc
+            self.discard(pid)
+
+
+REAPER = Reaper()
+
+
+def children_of(ppid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == ppid:
+            out.append(int(entry))
+    return out
+
+
+def other_qemus() -> int:
+    """QEMU processes on this host that are not ours (e.g. a CI run): noise to report."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in REAPER.ever:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{entry}/comm").read_text().startswith("qemu-system"):
+                    n += 1
+    return n
+
+
+# --- numbers ---------------------------------------------------------------------
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt_s(x: float) -> str:
+    return f"{x:.2f} s"
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms" if x < 0.1 else f"{x * 1000:.0f} ms"
+
+
+def verdict(ratio: float, target: float) -> str:
+    return f"target ≤ {target}: {'met' if ratio <= target else 'not met'}"
+
+
+# --- context ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Ctx:
+    args: argparse.Namespace
+    assets: TerminalAssets  # the server's own published copies (hard links of the build cache)
+    rootfs: Path
+    data_dir: Path
+    raw_root: Path
+    client: Client
+    server_log: Path
+    overlay_s: list[float] = field(default_factory=list)
+    close_s: list[float] = field(default_factory=list)
+    other_qemus: int = 0
+
+
+# --- the raw-QEMU peer -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RawVM:
+    proc: trio.Process
+    dir: Path
+    spawned: float  # perf_counter at spawn
+    ready_s: float = 0.0
+    console: bytearray = field(default_factory=bytearray)
+    hello_s: float | None = None
+    guest: GuestConnection | None = None
+    changed: trio.Event = field(default_factory=trio.Event)
+    hello_done: trio.Event = field(default_factory=trio.Event)
+
+
+def with_qga(argv: list[str], sock: Path) -> list[str]:
+    """Add a qemu-ga port on the argv's own virtio-serial bus (it has room for one port only)."""
+    idx = [i for i, a in enumerate(argv) if a == SERIAL_BUS]
+    if len(idx) != 1:
+        raise BenchError(f"expected one {SERIAL_BUS!r} in the microvm argv, found {len(idx)}")
+    argv = list(argv)
+    argv[idx[0]] = "virtio-serial-device,max_ports=4"
+    return [
+        *argv,
+        "-chardev", f"socket,id=qga,path={sock},server=on,wait=off",
+        "-device", f"virtserialport,chardev=qga,name={QGA_PORT}",
+    ]
+
+
+def _tail(data: bytes | bytearray, n: int = 600) -> str:
+    return bytes(data[-n:]).decode("utf-8", "replace").strip()
+
+
+async def _make_overlay(ctx: Ctx, overlay: Path) -> None:
+    t = time.perf_counter()
+    res = await trio.run_process(
+        [ctx.args.qemu_img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(ctx.rootfs), str(overlay)],
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    if res.returncode != 0:
+        raise BenchError(f"qemu-img create failed: {res.stderr.decode(errors='replace')[-400:]}")
+    ctx.overlay_s.append(time.perf_counter() - t)
+
+
+async def _rigd_style_hello(vm: RawVM, nursery: trio.Nursery) -> None:
+    """Connect to the agent socket and say hello the way SmolvmMachine.boot does (1 s per try)."""
+    sock = vm.dir / "agent.sock"
+    while not sock.exists():  # noqa: ASYNC110 - QEMU makes the socket file; nothing to wait on
+        await trio.sleep(0.002)
+    stream = await trio.open_unix_socket(str(sock))
+    vm.guest = GuestConnection(stream, log=log)
+    await nursery.start(vm.guest.run)
+    while True:
+        try:
+            await vm.guest.request("hello", timeout=1.0, time=time.time())
+        except GuestError:
+            if vm.guest.closed:
+                vm.hello_done.set()
+                return
+            continue
+        vm.hello_s = time.perf_counter() - vm.spawned
+        vm.hello_done.set()
+        return
+
+
+@asynccontextmanager
+async def raw_vm(ctx: Ctx, *, qga: bool = False, hello: bool = False) -> AsyncIterator[RawVM]:
+    """Boot the peer: microvm_argv on a fresh overlay; ready = RIGD-AGENT-READY on the console.
+
+    The overlay is made before the clock starts (the peer is the boot); with
+    ``hello`` the agent channel is also opened and greeted as rigd does.
+    """
+    a = ctx.args
+    vm_dir = Path(tempfile.mkdtemp(prefix="raw-", dir=ctx.raw_root))
+    errf = os.open(vm_dir / "qemu.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    proc: trio.Process | None = None
+    try:
+        overlay = vm_dir / "overlay.qcow2"
+        await _make_overlay(ctx, overlay)
+        argv = microvm_argv(
+            qemu=a.qemu, accel=a.accel, memory_mb=a.memory_mb, vcpus=a.vcpus,
+            kernel=ctx.assets.kernel, initrd=ctx.assets.initrd, root_disk=overlay,
+            tools_disk=ctx.assets.tools, qmp_socket=vm_dir / "qmp.sock",
+            agent_socket=vm_dir / "agent.sock", console_socket=vm_dir / "console.sock",
+        )
+        if qga:
+            argv = with_qga(argv, vm_dir / "qga.sock")
+        async with trio.open_nursery() as nursery:
+            spawned = time.perf_counter()
+            proc = await trio.lowlevel.open_process(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
+                start_new_session=True, cwd=str(vm_dir),
+            )
+            REAPER.add(proc.pid, "raw qemu")
+            vm = RawVM(proc=proc, dir=vm_dir, spawned=spawned)
+            try:
+                with trio.fail_after(a.boot_timeout):
+                    if hello:
+                        nursery.start_soon(_rigd_style_hello, vm, nursery)
+                    stream = await _open_console(vm)
+                    nursery.start_soon(_drain, vm, stream)
+                    while READY not in vm.console:
+                        await _console_event(vm)
+                    vm.ready_s = time.perf_counter() - spawned
+                    if hello:
+                        await vm.hello_done.wait()
+            except trio.TooSlowError:
+                raise BenchError(
+                    f"raw VM not ready within {a.boot_timeout} s; console: {_tail(vm.console)}"
+                ) from None
+            try:
+                yield vm
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc is not None:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                REAPER.discard(proc.pid)
+            os.close(errf)
+            shutil.rmtree(vm_dir, ignore_errors=True)
+
+
+async def _open_console(vm: RawVM) -> trio.SocketStream:
+    sock = vm.dir / "console.sock"
+    while not sock.exists():
+        if vm.proc.poll() is not None:
+            raise BenchError(f"raw QEMU exited at start: {_tail((vm.dir / 'qemu.err').read_bytes())}")
+        await trio.sleep(0.002)
+    return await trio.open_unix_socket(str(sock))
+
+
+async def _drain(vm: RawVM, stream: trio.SocketStream) -> None:
+    """Keep reading the console (an unread console would stall the guest's serial output)."""
+    async with stream:
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            vm.console += data or b"\n[console closed]"
+            if len(vm.console) > 256 * 1024:
+                del vm.console[: len(vm.console) - 128 * 1024]
+            vm.changed.set()
+            vm.changed = trio.Event()
+            if not data:
+                return
+
+
+async def _console_event(vm: RawVM) -> None:
+    """Wait for more console output; fail on a boot failure or a dead QEMU."""
+    if BOOT_FAIL in vm.console or vm.console.endswith(b"[console closed]") or vm.proc.poll() is not None:
+        raise BenchError(
+            f"raw VM did not boot (QEMU {vm.proc.returncode}); console: {_tail(vm.console)}; "
+            f"stderr: {_tail((vm.dir / 'qemu.err').read_bytes())}"
+        )
+    with trio.move_on_after(0.5):
+        await vm.changed.wait()
+
+
+# --- the qemu-ga peer ------------------------------------------------------------
+
+
+class QGAClient:
+    """qemu-ga's JSON protocol: one command per line out, one JSON reply per line back."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+
+    async def send(self, cmd: str, args: dict[str, Any] | None = None) -> None:
+        msg: dict[str, Any] = {"execute": cmd}
+        if args is not None:
+            msg["arguments"] = args
+        await self.stream.send_all(json.dumps(msg).encode() + b"\n")
+
+    async def receive(self) -> dict[str, Any]:
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self.buf[:nl]).strip(b"\xff \r\t")
+                del self.buf[: nl + 1]
+                if not line:
+                    continue
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(msg, dict):
+                    return msg
+                continue
+            data = await self.stream.receive_some(65536)
+            if not data:
+                raise BenchError("qemu-ga channel closed")
+            self.buf += data
+
+    async def call(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
+        await self.send(cmd, args)
+        msg = await self.receive()
+        if "error" in msg:
+            raise BenchError(f"qemu-ga {cmd}: {msg['error']}")
+        return msg.get("return")
+
+    async def sync(self, timeout: float) -> None:
+        """guest-sync until our id comes back: flushes whatever was in the channel."""
+        with trio.fail_after(timeout):
+            while True:
+                token = secrets.randbelow(1 << 31)
+                await self.send("guest-sync", {"id": token})
+                with trio.move_on_after(1.0):
+                    while True:
+                        msg = await self.receive()
+                        if msg.get("return") == token:
+                            return
+
+
+async def start_qga(vm: RawVM) -> QGAClient:
+    assert vm.guest is not None
+    script = (
+        "dev=; for p in /sys/class/virtio-ports/*; do "
+        f'[ "$(cat $p/name 2>/dev/null)" = {QGA_PORT} ] && dev=/dev/${{p##*/}}; done; '
+        '[ -n "$dev" ] || { echo "no virtio port named ' + QGA_PORT + '" >&2; exit 3; }; '
+        "mkdir -p /run/qga; "
+        "exec /usr/sbin/qemu-ga -m virtio-serial -p $dev -d -f /run/qga/qga.pid -t /run/qga -l /run/qga/log"
+    )
+    err = bytearray()
+
+    def on_stream(ev: Stream) -> None:
+        if ev.data:
+            err.extend(ev.data[:4096])
+
+    body = await vm.guest.request(
+        "exec", timeout=60, on_stream=on_stream, argv=["sh", "-c", script], timeoutMs=30000
+    )
+    if body.get("exitCode") != 0:
+        raise BenchError(f"starting qemu-ga failed ({body}): {_tail(err)}")
+    stream = await trio.open_unix_socket(str(vm.dir / "qga.sock"))
+    qga = QGAClient(stream)
+    await qga.sync(timeout=60)
+    return qga
+
+
+# --- one sample of each side -------------------------------------------------------
+
+
+def _ignore(_ev: Stream) -> None:
+    pass
+
+
+@dataclass(slots=True)
+class AgentSample:
+    seconds: float
+    guest_ms: int  # the agent's own durationMs: spawn → reaped, inside the guest
+
+
+async def agent_exec(vm: RawVM) -> AgentSample:
+    assert vm.guest is not None
+    t0 = time.perf_counter()
+    body = await vm.guest.request(
+        "exec", timeout=90, on_stream=_ignore, argv=["true"], timeoutMs=60000, maxOutput=MAX_OUTPUT
+    )
+    dt = time.perf_counter() - t0
+    if body.get("exitCode") != 0:
+        raise BenchError(f"rigd agent: true exited {body}")
+    return AgentSample(dt, int(body.get("durationMs") or 0))
+
+
+async def agent_ping(vm: RawVM) -> float:
+    assert vm.guest is not None
+    t0 = time.perf_counter()
+    await vm.guest.request("ping", timeout=30)
+    return time.perf_counter() - t0
+
+
+async def qga_ping(qga: QGAClient) -> float:
+    t0 = time.perf_counter()
+    await qga.call("guest-ping")
+    return time.perf_counter() - t0
+
+
+@dataclass(slots=True)
+class QGASample:
+    seconds: float
+    polls: int
+
+
+async def qga_exec(qga: QGAClient) -> QGASample:
+    t0 = time.perf_counter()
+    ret = await qga.call("guest-exec", {"path": "/bin/true", "capture-output": True})
+    pid = ret["pid"]
+    polls = 0
+    while True:
+        polls += 1
+        st = await qga.call("guest-exec-status", {"pid": pid})
+        if st.get("exited"):
+            break
+    dt = time.perf_counter() - t0
+    if st.get("exitcode") != 0:
+        raise BenchError(f"qemu-ga: /bin/true exited {st}")
+    return QGASample(dt, polls)
+
+
+async def in_thread(fn: Callable[[], Any]) -> Any:
+    return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+
+async def http_exec(ctx: Ctx, rig_id: str) -> float:
+    def call() -> tuple[float, Any]:
+        t0 = time.perf_counter()
+        res = ctx.client.call("rig.act", {"rigId": rig_id, "tool": "terminal_use",
+                                          "action": {"action": "exec", "argv": ["true"]}})
+        return time.perf_counter() - t0, res
+
+    dt, res = await in_thread(call)
+    if res.get("exitCode") != 0:
+        raise BenchError(f"rig.act: true exited {res}")
+    return float(dt)
+
+
+@dataclass(slots=True)
+class OpenSample:
+    seconds: float
+    rig_id: str
+    started_epoch: float
+    ended_epoch: float
+
+
+async def rigd_open(ctx: Ctx) -> OpenSample:
+    a = ctx.args
+
+    def call() -> tuple[float, float, float, Any]:
+        e0, t0 = time.time(), time.perf_counter()
+        res = ctx.client.call("rig.open", {"workspace": "default", "surface": "terminal",
+                                           "memoryMb": a.memory_mb, "vcpus": a.vcpus},
+                              timeout=a.boot_timeout + 60)
+        return time.perf_counter() - t0, e0, time.time(), res
+
+    dt, e0, e1, rig = await in_thread(call)
+    pid = rig.get("pid")
+    if isinstance(pid, int):
+        REAPER.add(pid, f"rigd qemu ({rig['id']})")
+    if rig.get("phase") != "ready":
+        raise BenchError(f"rig.open answered phase {rig.get('phase')}: {rig.get('failure')}")
+    return OpenSample(float(dt), rig["id"], e0, e1)
+
+
+async def rigd_close(ctx: Ctx, rig_id: str) -> None:
+    t0 = time.perf_counter()
+    await in_thread(lambda: ctx.client.call("rig.close", {"rigId": rig_id}))
+    ctx.close_s.append(time.perf_counter() - t0)
+    # The machine must be gone before the next sample starts.
+    for pid, t in list(REAPER.pids.items()):
+        if t.what.endswith(f"({rig_id})"):
+            with trio.fail_after(30):
+                while proc_alive(pid, t.ticks):  # noqa: ASYNC110 - not our child: /proc is all there is
+                    await trio.sleep(0.02)
+            REAPER.discard(pid)
+
+
+async def raw_open(ctx: Ctx) -> float:
+    async with raw_vm(ctx) as vm:
+        return vm.ready_s
+
+
+# --- the server's log: where rig.open's time goes ---------------------------------
+
+_LOG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ rigd\.rig\.(\S+) qemu started", re.MULTILINE
+)
+
+
+def qemu_start_epochs(server_log: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for m in _LOG_LINE.finditer(server_log.read_text(errors="replace")):
+            when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            out[m.group(2)] = when.timestamp()  # naive = local time, as logging wrote it
+    return out
+
+
+# --- the two measurements ------------------------------------------------------------
+
+
+def _order(i: int, sides: list[str]) -> list[str]:
+    k = i % len(sides)
+    return sides[k:] + sides[:k]
+
+
+@dataclass(slots=True)
+class OpenResult:
+    rigd: list[float]
+    raw: list[float]
+    pre_qemu: list[float]
+    post_qemu: list[float]
+
+
+async def measure_open(ctx: Ctx) -> OpenResult:
+    print("(a) rig.open → ready  vs  raw qemu spawn → RIGD-AGENT-READY", flush=True)
+    w = await rigd_open(ctx)
+    await rigd_close(ctx, w.rig_id)
+    wr = await raw_open(ctx)
+    print(f"    warm-up   rigd {fmt_s(w.seconds)}   raw {fmt_s(wr)}", flush=True)
+    rigd: list[float] = []
+    raw: list[float] = []
+    samples: list[OpenSample] = []
+    for i in range(ctx.args.rounds):
+        got: dict[str, float] = {}
+        for side in _order(i, ["rigd", "raw"]):
+            if side == "rigd":
+                s = await rigd_open(ctx)
+                await rigd_close(ctx, s.rig_id)
+                samples.append(s)
+                got[side] = s.seconds
+            else:
+                got[side] = await raw_open(ctx)
+        rigd.append(got["rigd"])
+        raw.append(got["raw"])
+        ctx.other_qemus = max(ctx.other_qemus, other_qemus())
+        print(f"    round {i + 1}   rigd {fmt_s(got['rigd'])}   raw {fmt_s(got['raw'])}   "
+              f"ratio {got['rigd'] / got['raw']:.2f}", flush=True)
+    starts = qemu_start_epochs(ctx.server_log)
+    pre = [starts[s.rig_id] - s.started_epoch for s in samples if s.rig_id in starts]
+    post = [s.ended_epoch - starts[s.rig_id] for s in samples if s.rig_id in starts]
+    print(f"    median    rigd {fmt_s(med(rigd))}   raw {fmt_s(med(raw))}", flush=True)
+    return OpenResult(rigd, raw, pre, post)
+
+
+@dataclass(slots=True)
+class ExecResult:
+    agent: list[float]
+    qga: list[float]
+    http: list[float]
+    polls: list[int]
+    agent_guest_ms: list[float]
+    agent_ping: list[float]
+    qga_ping: list[float]
+    qga_boot_ready: float
+    qga_boot_hello: float | None
+
+
+async def measure_exec(ctx: Ctx) -> ExecResult:
+    print("(b) exec `true` round trip: rigd agent exec  vs  qemu-ga guest-exec(+status polls), "
+          "same guest; rig.act over HTTP as context", flush=True)
+    opened = await rigd_open(ctx)  # the HTTP path needs a rig of the server's own
+    try:
+        async with raw_vm(ctx, qga=True, hello=True) as vm:
+            print(f"    peer VM: console ready {fmt_s(vm.ready_s)} after spawn, rigd-style hello "
+                  f"answered at {fmt_s(vm.hello_s or float('nan'))}", flush=True)
+            qga = await start_qga(vm)
+            info = await qga.call("guest-info")
+            print(f"    qemu-ga {info.get('version')} answering on {QGA_PORT}", flush=True)
+            for _ in range(3):  # warm-up: page cache, first fork/exec of each path
+                await agent_exec(vm)
+                await qga_exec(qga)
+                await http_exec(ctx, opened.rig_id)
+            agent: list[float] = []
+            qgas: list[float] = []
+            http: list[float] = []
+            polls: list[int] = []
+            guest_ms: list[float] = []
+            for i in range(ctx.args.exec_rounds):
+                got: dict[str, float] = {}
+                for side in _order(i, ["agent", "qga", "http"]):
+                    if side == "agent":
+                        a = await agent_exec(vm)
+                        got[side] = a.seconds
+                        guest_ms.append(a.guest_ms)
+                    elif side == "qga":
+                        q = await qga_exec(qga)
+                        got[side] = q.seconds
+                        polls.append(q.polls)
+                    else:
+                        got[side] = await http_exec(ctx, opened.rig_id)
+                agent.append(got["agent"])
+                qgas.append(got["qga"])
+                http.append(got["http"])
+                print(f"    round {i + 1:<3} rigd agent {fmt_ms(got['agent']):>8}   "
+                      f"qemu-ga {fmt_ms(got['qga']):>8} ({polls[-1]} polls)   "
+                      f"rig.act/HTTP {fmt_ms(got['http']):>8}", flush=True)
+            ctx.other_qemus = max(ctx.other_qemus, other_qemus())
+            print(f"    median    rigd agent {fmt_ms(med(agent))}   qemu-ga {fmt_ms(med(qgas))}   "
+                  f"rig.act/HTTP {fmt_ms(med(http))}", flush=True)
+            # Context: the channels alone, no process spawned (interleaved too).
+            pings: dict[str, list[float]] = {"agent": [], "qga": []}
+            for i in range(max(ctx.args.exec_rounds, 10)):
+                for side in _order(i, ["agent", "qga"]):
+                    pings[side].append(await agent_ping(vm) if side == "agent" else await qga_ping(qga))
+            await qga.stream.aclose()
+            return ExecResult(agent, qgas, http, polls, guest_ms, pings["agent"], pings["qga"],
+                              vm.ready_s, vm.hello_s)
+    finally:
+        with trio.CancelScope(shield=True):
+            await rigd_close(ctx, opened.rig_id)
+
+
+def pack_check_seconds(assets: TerminalAssets, data_dir: Path, n: int = 5) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        ensure_pack(assets, data_dir)
+        times.append(time.perf_counter() - t)
+    return med(times)
+
+
+async def run_bench(ctx: Ctx) -> int:
+    a = ctx.args
+    pack_s = await trio.to_thread.run_sync(pack_check_seconds, ctx.assets, ctx.data_dir)
+    opened = await measure_open(ctx)
+    execs = await measure_exec(ctx)
+
+    r_open = med(opened.rigd) / med(opened.raw)
+    r_exec = med(execs.agent) / med(execs.qga)
+    r_http = med(execs.http) / med(execs.qga)
+    digest = ctx.assets.image_digest
+    print()
+    print(f"terminal bench (accel {a.accel}, {a.memory_mb} MB, {a.vcpus} vCPU, image {digest[:19]}…, "
+          f"kernel {ctx.assets.kernel_release})")
+    print(f"(a) open→ready   rigd {fmt_s(med(opened.rigd))}   raw qemu {fmt_s(med(opened.raw))}   "
+          f"ratio {r_open:.2f}  ({verdict(r_open, TARGET_OPEN)})")
+    print(f"(b) exec rtt     rigd agent {fmt_ms(med(execs.agent))}   qemu-ga guest-exec "
+          f"{fmt_ms(med(execs.qga))}   ratio {r_exec:.2f}  ({verdict(r_exec, TARGET_EXEC)})")
+    print(f"    rig.act over HTTP {fmt_ms(med(execs.http))} vs qemu-ga {fmt_ms(med(execs.qga))}: "
+          f"ratio {r_http:.2f}")
+    print("context:")
+    print(f"    rounds: {a.rounds} opens + {a.exec_rounds} execs per side, after warm-ups; medians")
+    if opened.pre_qemu:
+        print(f"    rig.open split (server log, ms clock): RPC → QEMU spawned {fmt_ms(med(opened.pre_qemu))} "
+              f"(queue, db, pack check, overlay, uid); QEMU spawned → RPC answered "
+              f"{fmt_s(med(opened.post_qemu))} (raw peer spawn → ready line {fmt_s(med(opened.raw))})")
+    print(f"    warm pack check (ensure_pack, in-process) {fmt_ms(pack_s)}; qemu-img create overlay "
+          f"{fmt_ms(med(ctx.overlay_s))}; rig.close (untimed for the ratio) {fmt_s(med(ctx.close_s))}")
+    hello = execs.qga_boot_hello
+    if hello is not None:
+        print(f"    peer VM with a rigd-style hello loop: ready line {fmt_s(execs.qga_boot_ready)}, "
+              f"hello answered {fmt_s(hello)} after spawn (+{fmt_ms(hello - execs.qga_boot_ready)})")
+    print(f"    qemu-ga status polls per exec: median {med([float(p) for p in execs.polls]):.0f} "
+          f"(back-to-back)")
+    print(f"    rigd agent's own durationMs (spawn → reaped, in the guest): median "
+          f"{med(execs.agent_guest_ms):.0f} ms of its {fmt_ms(med(execs.agent))} round trip")
+    print(f"    channel alone (no spawn): rigd agent ping {fmt_ms(med(execs.agent_ping))}, "
+          f"qemu-ga guest-ping {fmt_ms(med(execs.qga_ping))}")
+    load = os.getloadavg()
+    print(f"    host: {os.cpu_count()} CPUs, load {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}; "
+          f"other QEMUs running during the run (not ours): up to {ctx.other_qemus}")
+    if a.strict and (r_open > TARGET_OPEN or r_exec > TARGET_EXEC):
+        return 1
+    return 0
+
+
+# --- the server --------------------------------------------------------------------
+
+
+def start_server(args: argparse.Namespace, data_dir: Path, server_log: Path) -> subprocess.Popen[bytes]:
+    rigd = REPO / ".venv" / "bin" / "rigd"
+    cmd = [str(rigd) if rigd.exists() else "rigd", "serve", "--data-dir", str(data_dir), "--port", "0",
+           "--accel", args.accel, "--qemu", args.qemu, "--log-level", "info"]
+    (data_dir / "server.json").unlink(missing_ok=True)
+    with open(server_log, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True)
+    REAPER.add(proc.pid, "rigd serve")
+    deadline = time.monotonic() + 120
+    while not (data_dir / "server.json").exists():
+        if proc.poll() is not None:
+            raise BenchError(f"rigd serve exited ({proc.returncode}): {_tail(server_log.read_bytes(), 1500)}")
+        if time.monotonic() > deadline:
+            raise BenchError("rigd serve did not write server.json within 120 s")
+        time.sleep(0.05)
+    return proc
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server closes its rigs), then SIGKILL; then kill any QEMU it left, by pid."""
+    for child in children_of(proc.pid):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/comm").read_text().startswith("qemu"):
+                REAPER.add(child, "rigd qemu (server child)")
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            print("bench: rigd serve ignored SIGTERM for 60 s; killing it", file=sys.stderr)
+            proc.kill()
+            proc.wait()
+    REAPER.discard(proc.pid)
+
+
+# --- main --------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--rounds", type=int, default=5, help="measured rounds per side (default 5)")
+    p.add_argument("--exec-rounds", type=int, default=None, help="rounds for (b) (default: --rounds)")
+    p.add_argument("--accel", default="tcg", choices=["tcg", "kvm"], help="default tcg")
+    p.add_argument("--memory-mb", type=int, default=512)
+    p.add_argument("--vcpus", type=int, default=2)
+    p.add_argument("--qemu", default="qemu-system-x86_64")
+    p.add_argument("--qemu-img", default="qemu-img")
+    p.add_argument("--boot-timeout", type=float, default=180.0, help="seconds per boot (TCG is slow)")
+    p.add_argument("--data-dir", help="a data directory to use and keep (default: a temporary one "
+                   "under /var/tmp, removed afterwards)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary data directory (and server log)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is not met")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.exec_rounds is None:
+        args.exec_rounds = args.rounds
+    return args
+
+
+def _sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    signal.signal(signal.SIGTERM, _sigterm)
+    own_dir = args.data_dir is None
+    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="rigd-bench-", dir="/var/tmp")).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o711)  # per-rig QEMU uids traverse it
+    server_log = data_dir / "bench-server.log"
+    server: subprocess.Popen[bytes] | None = None
+    rc = 1
+    try:
+        cache_assets = find_assets()
+        t = time.perf_counter()
+        rootfs = ensure_pack(cache_assets, data_dir, lambda step: print(f"pack: {step}", flush=True))
+        print(f"pack {rootfs} ({time.perf_counter() - t:.1f} s)", flush=True)
+        server = start_server(args, data_dir, server_log)
+        url = json.loads((data_dir / "server.json").read_text())["url"]
+        token = (data_dir / "admin.token").read_text().strip()
+        print(f"rigd serve pid {server.pid} at {url}, data {data_dir}", flush=True)
+        # The very files the server's rigs boot (hard links into the build cache).
+        assets = publish_assets(cache_assets, data_dir)
+        ctx = Ctx(args=args, assets=assets, rootfs=rootfs, data_dir=data_dir,
+                  raw_root=data_dir / "bench-raw", client=Client(url, token), server_log=server_log)
+        ctx.raw_root.mkdir(exist_ok=True)
+        rc = trio.run(run_bench, ctx)
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        rc = 130
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        rc = 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if server is not None:
+            stop_server(server)
+        REAPER.kill_all()
+        left = REAPER.alive()
+        if left:
+            print(f"bench: processes still alive after clean-up: {left}", file=sys.stderr)
+            rc = rc or 1
+        if rc != 0 and server_log.exists():
+            print(f"bench: server log tail:\n{_tail(server_log.read_bytes(), 2000)}", file=sys.stderr)
+        if own_dir and not args.keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        elif own_dir:
+            print(f"bench: kept {data_dir}", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
