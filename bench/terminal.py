@@ -230,10 +230,7 @@ async def _make_overlay(ctx: Ctx, overlay: Path) -> None:
 
 async def _rigd_style_hello(vm: RawVM, nursery: trio.Nursery) -> None:
     """Connect to the agent socket and say hello the way SmolvmMachine.boot does (1 s per try)."""
-    sock = vm.dir / "agent.sock"
-    while not sock.exists():  # noqa: ASYNC110 - QEMU makes the socket file; nothing to wait on
-        await trio.sleep(0.002)
-    stream = await trio.open_unix_socket(str(sock))
+    stream = await _connect(vm, vm.dir / "agent.sock")
     vm.guest = GuestConnection(stream, log=log)
     await nursery.start(vm.guest.run)
     while True:
@@ -283,7 +280,7 @@ async def raw_vm(ctx: Ctx, *, qga: bool = False, hello: bool = False) -> AsyncIt
                 with trio.fail_after(a.boot_timeout):
                     if hello:
                         nursery.start_soon(_rigd_style_hello, vm, nursery)
-                    stream = await _open_console(vm)
+                    stream = await _connect(vm, vm.dir / "console.sock")
                     nursery.start_soon(_drain, vm, stream)
                     while READY not in vm.console:
                         await _console_event(vm)
@@ -310,13 +307,15 @@ async def raw_vm(ctx: Ctx, *, qga: bool = False, hello: bool = False) -> AsyncIt
             shutil.rmtree(vm_dir, ignore_errors=True)
 
 
-async def _open_console(vm: RawVM) -> trio.SocketStream:
-    sock = vm.dir / "console.sock"
-    while not sock.exists():
+async def _connect(vm: RawVM, sock: Path) -> trio.SocketStream:
+    """Connect to one of QEMU's server sockets as soon as it listens (the file comes first)."""
+    while True:
         if vm.proc.poll() is not None:
             raise BenchError(f"raw QEMU exited at start: {_tail((vm.dir / 'qemu.err').read_bytes())}")
-        await trio.sleep(0.002)
-    return await trio.open_unix_socket(str(sock))
+        try:
+            return await trio.open_unix_socket(str(sock))
+        except (FileNotFoundError, ConnectionRefusedError):
+            await trio.sleep(0.002)
 
 
 async def _drain(vm: RawVM, stream: trio.SocketStream) -> None:
@@ -423,8 +422,7 @@ async def start_qga(vm: RawVM) -> QGAClient:
     )
     if body.get("exitCode") != 0:
         raise BenchError(f"starting qemu-ga failed ({body}): {_tail(err)}")
-    stream = await trio.open_unix_socket(str(vm.dir / "qga.sock"))
-    qga = QGAClient(stream)
+    qga = QGAClient(await _connect(vm, vm.dir / "qga.sock"))
     await qga.sync(timeout=60)
     return qga
 
@@ -682,6 +680,23 @@ async def measure_exec(ctx: Ctx) -> ExecResult:
             await rigd_close(ctx, opened.rig_id)
 
 
+async def bench_main(ctx: Ctx) -> int:
+    """run_bench, with SIGTERM turned into KeyboardInterrupt at a safe point (a task)."""
+    rc: list[int] = []
+
+    async def on_sigterm(task_status: trio.TaskStatus[None]) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            task_status.started()
+            async for _ in signals:
+                raise KeyboardInterrupt
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(on_sigterm)
+        rc.append(await run_bench(ctx))
+        nursery.cancel_scope.cancel()
+    return rc[0]
+
+
 def pack_check_seconds(assets: TerminalAssets, data_dir: Path, n: int = 5) -> float:
     times = []
     for _ in range(n):
@@ -804,6 +819,13 @@ def _sigterm(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, as Trio's nurseries wrap them."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
@@ -829,13 +851,18 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Ctx(args=args, assets=assets, rootfs=rootfs, data_dir=data_dir,
                   raw_root=data_dir / "bench-raw", client=Client(url, token), server_log=server_log)
         ctx.raw_root.mkdir(exist_ok=True)
-        rc = trio.run(run_bench, ctx)
-    except KeyboardInterrupt:
-        print("bench: interrupted", file=sys.stderr)
-        rc = 130
-    except BenchError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        rc = 1
+        rc = trio.run(bench_main, ctx)
+    except BaseException as exc:
+        leaves = _leaves(exc)
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            print("bench: interrupted", file=sys.stderr)
+            rc = 130
+        elif all(isinstance(e, BenchError) for e in leaves):
+            for e in leaves:
+                print(f"bench: {e}", file=sys.stderr)
+            rc = 1
+        else:
+            raise  # a bug: the traceback, after the clean-up below
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 import urllib.error
@@ -102,11 +101,10 @@ def _stream_bytes(stream: dict[str, Any]) -> bytes:
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
+    from rigd.logs import setup
     from rigd.server.main import ServeConfig, serve
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup(args.log_level)
     config = ServeConfig(
         data_dir=Path(args.data_dir) if args.data_dir else _default_data_dir(),
         host=args.host, port=args.port, accel=Accel(args.accel) if args.accel else None,
@@ -228,9 +226,22 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if accel is None:
         print("no native accelerator on this platform")
         return 1
-    assets = find_assets(Path(args.cache_dir) if args.cache_dir else None)
-    result = trio.run(lambda: probe(accel, qemu=args.qemu, kernel=assets.kernel,
-                                    initrd=assets.initrd, deadline_s=args.deadline))
+    import shutil
+    import tempfile
+
+    from rigd.server.main import publish_assets
+
+    built = find_assets(Path(args.cache_dir) if args.cache_dir else None)
+    # Probe as rigs run: the unprivileged QEMU reads the kernel from a place
+    # it can reach (the cache may sit in a private home).
+    scratch = Path(tempfile.mkdtemp(prefix="rigd-probe-", dir="/var/tmp"))
+    try:
+        os.chmod(scratch, 0o711)  # noqa: S103 - the probe's QEMU user must traverse it
+        assets = publish_assets(built, scratch)
+        result = trio.run(lambda: probe(accel, qemu=args.qemu, kernel=assets.kernel,
+                                        initrd=assets.initrd, deadline_s=args.deadline))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     print(f"{accel}: {'works' if result.ok else 'does not work'} ({result.detail})")
     return 0 if result.ok else 1
 

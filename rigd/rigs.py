@@ -329,7 +329,9 @@ class RigManager:
     async def _transition(self, rig: LiveRig, target: Phase, detail: str, **changes: Any) -> None:
         lifecycle.check_transition(rig.phase, target)
         await self._update(rig, phase=target.value, phase_detail=detail, **changes)
-        log.info("rig phase", extra={"rig": rig.row.id, "phase": target.value, "detail": detail})
+        logging.getLogger(f"rigd.rig.{rig.row.id}").info(
+            "phase", extra={"phase": target.value, "detail": detail}
+        )
 
     async def _fail(self, rig: LiveRig, reason: str, console: str | None) -> None:
         if not lifecycle.can_transition(rig.phase, Phase.FAILED):

@@ -57,8 +57,19 @@ async def probe(
     """Boot once under ``accel``; kill the probe VM (by pid) whatever happens."""
     pool = UidPool()
     ident = pool.acquire()
-    if accel is Accel.KVM and not await trio.Path("/dev/kvm").exists():
-        return ProbeResult(accel, False, 0.0, "/dev/kvm does not exist")
+    if accel is Accel.KVM:
+        kvm = trio.Path("/dev/kvm")
+        if not await kvm.exists():
+            return ProbeResult(accel, False, 0.0, "/dev/kvm does not exist")
+        st = await kvm.stat()
+        if ident.per_rig and not (st.st_mode & 0o060 == 0o060 and st.st_gid != 0):
+            return ProbeResult(
+                accel, False, 0.0,
+                f"/dev/kvm is mode {st.st_mode & 0o777:o} owned by gid {st.st_gid}: the "
+                "unprivileged per-rig QEMU users cannot open it. Give it a kvm group with "
+                "rw access (e.g. `chgrp kvm /dev/kvm && chmod 660 /dev/kvm`, or the usual "
+                "udev rule) and probe again",
+            )
     started = time.monotonic()
     try:
         proc = await trio.lowlevel.open_process(

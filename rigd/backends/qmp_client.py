@@ -110,6 +110,19 @@ class QMPConnection:
             raise BackendError(f"QMP {name}: {result.cls}: {result.desc}")
         return result.value
 
+    async def send_only(self, name: str) -> None:
+        """Send a command without waiting for its reply.
+
+        Used for ``quit`` during teardown, when the reader task may already
+        be cancelled: the process exiting is the answer that matters.
+        """
+        _cid, data = self._proto.command(name)
+        async with self._send_lock:
+            try:
+                await self._stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise BackendError(f"QMP {name}: connection closed") from exc
+
     async def aclose(self) -> None:
         self._closed = True
         with trio.CancelScope(shield=True):

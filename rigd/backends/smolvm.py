@@ -410,9 +410,9 @@ class SmolvmMachine:
             if proc is None:
                 return
             if proc.returncode is None and self.qmp is not None:
-                with trio.move_on_after(2):
+                with trio.move_on_after(3):
                     with contextlib.suppress(BackendError):
-                        await self.qmp.execute("quit", timeout=2)
+                        await self.qmp.send_only("quit")
                     await proc.wait()
             for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
                 if proc.returncode is not None:

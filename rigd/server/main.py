@@ -172,6 +172,7 @@ async def _serve(
     hyper.bind = [f"{host}:{config.port}"]
     hyper.websocket_max_message_size = MAX_INBOUND
     hyper.accesslog = None
+    hyper.errorlog = logging.getLogger("rigd.http")
     hyper.graceful_timeout = 2.0
 
     async with trio.open_nursery() as nursery:
