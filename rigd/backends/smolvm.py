@@ -49,10 +49,14 @@ from rigd.protocols.guest import Stream
 
 
 def timeouts_for(accel: Accel) -> tuple[float, float]:
-    """(boot deadline, per-reply grace) in seconds; TCG is 10-50x slower."""
+    """(boot deadline, per-reply grace) in seconds; TCG is 10-50x slower.
+
+    The grace is what a reply may take beyond the work's own time limit (the
+    agent enforces an exec's timeout itself and answers at once).
+    """
     if accel is Accel.TCG:
-        return 180.0, 30.0
-    return 60.0, 10.0
+        return 180.0, 15.0
+    return 60.0, 5.0
 
 
 @dataclass(slots=True)
