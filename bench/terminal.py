@@ -159,6 +159,8 @@ def fmt_s(x: float) -> str:
 
 
 def fmt_ms(x: float) -> str:
+    if x < 0.001:
+        return f"{x * 1e6:.0f} µs"
     return f"{x * 1000:.1f} ms" if x < 0.1 else f"{x * 1000:.0f} ms"
 
 
