@@ -88,6 +88,18 @@ class Machine(Protocol):
 
     def console_tail(self, max_bytes: int = 4096) -> str: ...
 
+    async def park(self) -> None:
+        """Stop the vCPUs; memory stays resident."""
+        ...
+
+    async def wake(self) -> None:
+        """Resume the vCPUs after :meth:`park`."""
+        ...
+
+    def resident_mb(self) -> int:
+        """Host-resident memory of the machine's process, in MB (0 if unknown)."""
+        ...
+
     def channel_stats(self) -> dict[str, int]:
         """Counters of the guest channel (garbage seen, orphan replies …)."""
         ...

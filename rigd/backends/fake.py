@@ -21,6 +21,8 @@ class FakeMachine:
     info: MachineInfo
     died: trio.Event = field(default_factory=trio.Event)
     closed: bool = False
+    parked: bool = False
+    rss_mb: int = 100
     calls: list[list[str]] = field(default_factory=list)
 
     async def exec(
@@ -56,6 +58,15 @@ class FakeMachine:
 
     def channel_stats(self) -> dict[str, int]:
         return {}
+
+    async def park(self) -> None:
+        self.parked = True
+
+    async def wake(self) -> None:
+        self.parked = False
+
+    def resident_mb(self) -> int:
+        return self.rss_mb
 
 
 class FakeBackend:

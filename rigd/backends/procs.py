@@ -40,3 +40,15 @@ def proc_start_ticks(pid: int) -> int | None:
         return int(rest[19])
     except (IndexError, ValueError):
         return None
+
+
+def resident_mb(pid: int) -> int:
+    """Resident set size of ``pid`` in MB (VmRSS), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

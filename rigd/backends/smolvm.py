@@ -39,7 +39,7 @@ from rigd.backends.base import ExecResult, MachineInfo, MachineSpec
 from rigd.backends.confine import Identity, UidPool, give, make_private_dir, make_shared_dir
 from rigd.backends.guest_client import GuestConnection, iterate
 from rigd.backends.microvm_argv import microvm_argv
-from rigd.backends.procs import proc_start_ticks
+from rigd.backends.procs import proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.ring import Ring
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
@@ -317,6 +317,19 @@ class SmolvmMachine:
 
     def console_tail(self, max_bytes: int = 4096) -> str:
         return self.console.tail(max_bytes)
+
+    async def park(self) -> None:
+        if self.qmp is None:
+            raise BackendError("the machine is not running")
+        await self.qmp.execute("stop", timeout=self.grace)
+
+    async def wake(self) -> None:
+        if self.qmp is None:
+            raise BackendError("the machine is not running")
+        await self.qmp.execute("cont", timeout=self.grace)
+
+    def resident_mb(self) -> int:
+        return 0 if self.proc is None else resident_mb(self.proc.pid)
 
     def channel_stats(self) -> dict[str, int]:
         if self.guest is None:
