@@ -109,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         data_dir=Path(args.data_dir) if args.data_dir else _default_data_dir(),
         host=args.host, port=args.port, accel=Accel(args.accel) if args.accel else None,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None, qemu=args.qemu,
+        memory_budget_mb=args.memory_budget_mb, reap_interval_s=args.reap_interval,
     )
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve, config)
@@ -264,6 +265,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--cache-dir", help="where `rigd images build` put the images")
     sp.add_argument("--qemu", default="qemu-system-x86_64")
     sp.add_argument("--log-level", default="info")
+    sp.add_argument("--memory-budget-mb", type=int, default=12 * 1024,
+                    help="host-resident memory for all rigs together (default 12288)")
+    sp.add_argument("--reap-interval", type=float, default=1.0, help=argparse.SUPPRESS)
     sp.set_defaults(fn=cmd_serve)
 
     sp = sub.add_parser("open", help="open a rig")

@@ -103,7 +103,7 @@ OPEN_FIELDS = {
 }
 
 
-def parse_open(raw: object) -> OpenParams:
+def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenParams:
     params = obj(raw)
     no_extra(params, OPEN_FIELDS)
     workspace = string(params, "workspace", max_len=128)
@@ -113,9 +113,9 @@ def parse_open(raw: object) -> OpenParams:
     if not isinstance(surface_raw, str) or surface_raw not in Surface.__members__.values():
         raise FieldError("surface", f"must be one of {surfaces}")
     surface = Surface(surface_raw)
-    if surface not in BUILT_SURFACES:
-        built = ", ".join(sorted(BUILT_SURFACES))
-        raise FieldError("surface", f"{surface} rigs are not available in this build yet; available: {built}")
+    if surface not in built:
+        names = ", ".join(sorted(built))
+        raise FieldError("surface", f"{surface} rigs are not available in this build yet; available: {names}")
     conversation = ident(params, "conversation", required=False)
     limits = LIMITS[surface]
 

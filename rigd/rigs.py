@@ -10,16 +10,27 @@ workspace database as they happen.
 
 Visibility: every method resolves the rig through the caller's memberships;
 a rig of a workspace the caller is not in answers exactly like a missing rig.
+
+Under pressure (RIGS.md §6, §7, §12): a reaper task asks the pure functions
+of :mod:`rigd.scheduler` every tick which rigs to park (vCPUs stopped, RAM
+kept) and which to close (idle past twice the interval, or past the TTL);
+opening a rig asks them whom to evict for the memory budget. A person may
+take a control lease; while it holds, state-changing verbs from anyone else
+are refused and observation verbs still run. Each rig has a ``state_lock``
+that orders parking, waking and the start of an action, so a rig is never
+parked under a running command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -30,20 +41,27 @@ import trio
 from rigd import lifecycle
 from rigd.backends.base import ExecResult, Machine, MachineBackend, MachineSpec
 from rigd.backends.procs import proc_alive
-from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError
+from rigd.errors import BackendError, Conflict, FieldError, Forbidden, NotFound, RigdError
+from rigd.events import EventBus
 from rigd.framing import untrusted_bytes
-from rigd.model import TOOL_SURFACES, Accel, CloseReason, Phase, Surface, Tool
-from rigd.params import ident, no_extra, obj, parse_open, string
+from rigd.model import TOOL_SURFACES, Accel, CloseReason, Display, Phase, Surface, Tool
+from rigd.params import OpenParams, ident, integer, no_extra, obj, parse_open, string
+from rigd.scheduler import Admit, Park, RigState, plan_admission, plan_idle
 from rigd.store.aio import Stores
 from rigd.store.server_db import User
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
-from rigd.verbs import ParseContext, TerminalExec, audit_args, parse_action
+from rigd.verbs import ParseContext, TerminalExec, audit_args, is_observation, parse_action
 
 log = logging.getLogger("rigd.rigs")
 
 #: Output kept per stream of an ``exec`` answered over RPC.
 EXEC_OUTPUT_LIMIT = 2 * 1024 * 1024
+
+#: Control leases (RIGS.md §12) and watch heartbeats (~2 s; lapse after ~10 s).
+CONTROL_LEASE_S = 15 * 60
+WATCH_LAPSE_S = 10.0
+DEFAULT_MEMORY_BUDGET_MB = 12 * 1024
 
 TCG_NOTE = (
     "running under TCG (software emulation): not a security boundary; "
@@ -54,6 +72,8 @@ TCG_NOTE = (
 @dataclass(frozen=True, slots=True)
 class Caller:
     user: User
+    #: The WebSocket session the call came on, if any (for notifications).
+    session: Any = None
 
     @property
     def actor_kind(self) -> str:
@@ -75,10 +95,25 @@ class LiveRig:
     close_lock: trio.Lock = field(default_factory=trio.Lock)
     terminals: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    params: OpenParams | None = None
+    state_lock: trio.Lock = field(default_factory=trio.Lock)
+    busy: int = 0
+    last_active: float = 0.0
+    expires_at: float = float("inf")
+    watched_until: float | None = None
+    lease_until: float | None = None
+    last_agent: str | None = None
 
     @property
     def phase(self) -> Phase:
         return Phase(self.row.phase)
+
+    @property
+    def person_controller(self) -> str | None:
+        """The person holding control, if a lease is in force."""
+        if self.row.controller_kind == "person" and self.lease_until is not None:
+            return self.row.controller_id
+        return None
 
 
 class RigManager:
@@ -89,14 +124,23 @@ class RigManager:
         *,
         accel: Accel | None,
         accel_problem: str | None = None,
+        events: EventBus | None = None,
+        clock: Callable[[], float] = time.time,
+        memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB,
+        tick_s: float = 1.0,
     ) -> None:
         self.stores = stores
         self.backends = backends
         self.accel = accel
         self.accel_problem = accel_problem
+        self.events = events or EventBus(stores)
+        self.clock = clock
+        self.memory_budget_mb = memory_budget_mb
+        self.tick_s = tick_s
         self.live: dict[str, LiveRig] = {}
         self._nursery: trio.Nursery | None = None
         self._open_locks: dict[tuple[str, str], trio.Lock] = {}
+        self._admission = trio.Lock()
 
     # -- service lifetime -------------------------------------------------------
 
@@ -105,6 +149,7 @@ class RigManager:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._reaper)
                 task_status.started()
                 try:
                     await trio.sleep_forever()
@@ -144,6 +189,7 @@ class RigManager:
                     close_reason=row.close_reason or reason.value, closed_at=iso(utcnow()),
                 )
                 log.info("recovered rig", extra={"rig": row.id, "reason": reason.value})
+        await trio.to_thread.run_sync(_remove_orphans, data_dir)
 
     # -- visibility -------------------------------------------------------------
 
@@ -193,12 +239,23 @@ class RigManager:
             out.update(live.info)
         if live is not None and live.machine is not None:
             out["agentChannel"] = live.machine.channel_stats()
+            out["residentMb"] = live.machine.resident_mb()
+        if live is not None:
+            now = self.clock()
+            out["pins"] = self._state(live, now).pins(now)
+            if live.watched_until is not None and live.watched_until > now:
+                out["watchedUntil"] = _iso_at(live.watched_until)
+            if controller is not None and live.lease_until is not None:
+                out["controller"] = {**controller, "until": _iso_at(live.lease_until)}
+        if row.phase == Phase.FAILED.value or (row.close_reason == CloseReason.BACKEND_FAILURE.value
+                                                and row.console_tail):
+            out["consoleTail"] = (row.console_tail or "")[-2048:]
         return out
 
     # -- open -----------------------------------------------------------------------
 
     async def open(self, caller: Caller, raw: object) -> dict[str, Any]:
-        params = parse_open(raw)
+        params = parse_open(raw, frozenset(self.backends))
         ws_id = await self._workspace_for(caller, params.workspace)
         backend = self.backends.get(params.surface)
         if backend is None:
@@ -235,9 +292,27 @@ class RigManager:
         return self.rig_json(rig.row, rig)
 
     async def _start(
-        self, caller: Caller, params: Any, ws_id: str, db: WorkspaceDB
+        self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB
     ) -> LiveRig:
         assert self._nursery is not None, "RigManager.run is not running"
+        async with self._admission:
+            decision = plan_admission(
+                [self._state(r, self.clock()) for r in self.live.values()],
+                budget_mb=self.memory_budget_mb, need_mb=params.memory_mb, now=self.clock(),
+            )
+            if not isinstance(decision, Admit):
+                raise Conflict(decision.reason, field="memoryMb", budgetMb=self.memory_budget_mb)
+            for victim in decision.evict:
+                rig = self.live.get(victim)
+                if rig is not None:
+                    await self._reap(rig, CloseReason.IDLE_TIMEOUT,
+                                     f"evicted to make room in the {self.memory_budget_mb} MB budget")
+            return await self._create(caller, params, ws_id, db)
+
+    async def _create(
+        self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB
+    ) -> LiveRig:
+        assert self._nursery is not None
         now = utcnow()
         rig_id = new_id("rig")
         row = RigRow(
@@ -256,7 +331,10 @@ class RigManager:
         )
         await self.stores.run(db.insert_rig, row)
         await self.stores.run(self.stores.server.index_rig, rig_id, ws_id)
-        rig = LiveRig(row=row, db=db)
+        rig = LiveRig(row=row, db=db, params=params, last_active=self.clock(),
+                      expires_at=self.clock() + params.ttl_s)
+        if caller.actor_kind == "agent":
+            rig.last_agent = caller.actor_id
         self.live[rig_id] = rig
         await self.audit_event(rig, caller, "open", {"surface": row.surface,
                                                           "memoryMb": row.memory_mb,
@@ -332,6 +410,8 @@ class RigManager:
         logging.getLogger(f"rigd.rig.{rig.row.id}").info(
             "phase", extra={"phase": target.value, "detail": detail}
         )
+        await self.events.publish(rig.row.workspace_id, rig.row.id, "RigPhaseChanged",
+                                  phase=target.value, phaseDetail=detail)
 
     async def _fail(self, rig: LiveRig, reason: str, console: str | None) -> None:
         if not lifecycle.can_transition(rig.phase, Phase.FAILED):
@@ -402,6 +482,8 @@ class RigManager:
                 await rig.finished.wait()
                 await self._transition(rig, Phase.CLOSED, "closed", closed_at=iso(utcnow()))
                 self.live.pop(rig.row.id, None)
+                await self.events.publish(rig.row.workspace_id, rig.row.id, "RigClosedEvent",
+                                          reason=rig.row.close_reason)
 
     # -- act ----------------------------------------------------------------------------
 
@@ -432,19 +514,21 @@ class RigManager:
                 raise FieldError("tool", f"a {surface} rig does not answer {tool}")
             display = None
             if row.display_w and row.display_h:
-                from rigd.model import Display
                 display = Display(row.display_w, row.display_h)
             parsed = parse_action(tool.value, action, ParseContext(surface=surface, display=display))
             if isinstance(parsed, FieldError):
                 raise parsed
-            if live is None or live.machine is None or live.phase is not Phase.READY:
+            if live is None:
                 outcome = "refused"
-                lifecycle.require_phase(Phase(live.row.phase if live else row.phase),
-                                        frozenset({Phase.READY}), f"run {tool}.{verb}")
-            assert live is not None and live.machine is not None
-            result = await self._execute(live, live.machine, parsed)
+                lifecycle.require_phase(Phase(row.phase), frozenset({Phase.READY}), f"run {tool}.{verb}")
+            assert live is not None
+            if not is_observation(parsed):
+                outcome = "refused"
+                self._check_control(live, caller)
+            outcome = "error"
+            async with self._activity(live, caller, f"run {tool}.{verb}") as machine:
+                result = await self._execute(live, machine, parsed)
             outcome = "ok"
-            await self._touch(live)
             return result
         except RigdError as exc:
             error = exc.message[:500]
@@ -456,14 +540,263 @@ class RigManager:
                     duration_ms=int((time.monotonic() - started) * 1000),
                 )
 
-    async def _touch(self, rig: LiveRig) -> None:
-        await self._update(rig, last_active_at=iso(utcnow()))
+    def _check_control(self, rig: LiveRig, caller: Caller) -> None:
+        """Refuse a state change while a person other than the caller drives."""
+        holder = rig.person_controller
+        if holder is not None and holder != caller.user.id:
+            raise Conflict(
+                "a person is driving this rig; only observation verbs are allowed until they "
+                "hand control back",
+                controller={"kind": "person", "id": holder},
+            )
+
+    @asynccontextmanager
+    async def _activity(self, rig: LiveRig, caller: Caller, doing: str) -> AsyncIterator[Machine]:
+        """One action on a rig: wake it if parked, keep it from parking meanwhile,
+        and count it as activity (for idleness, lease renewal and the controller)."""
+        async with rig.state_lock:
+            if rig.phase is Phase.PARKED:
+                await self._wake(rig, "woken by an action")
+            lifecycle.require_phase(rig.phase, frozenset({Phase.READY}), doing)
+            machine = rig.machine
+            if machine is None:
+                raise Conflict(f"cannot {doing}: the machine is not running")
+            rig.busy += 1
+        try:
+            yield machine
+        finally:
+            rig.busy -= 1
+            with trio.CancelScope(shield=True):
+                await self._touch(rig, caller)
+
+    async def _touch(self, rig: LiveRig, caller: Caller | None = None) -> None:
+        now = self.clock()
+        rig.last_active = now
+        changes: dict[str, Any] = {"last_active_at": iso(utcnow())}
+        if caller is not None:
+            if rig.person_controller == caller.user.id:
+                rig.lease_until = now + CONTROL_LEASE_S
+            elif caller.actor_kind == "agent":
+                rig.last_agent = caller.actor_id
+                if rig.person_controller is None and rig.row.controller_id != caller.actor_id:
+                    changes.update(controller_kind="agent", controller_id=caller.actor_id)
+        await self._update(rig, **changes)
+
+    async def _wake(self, rig: LiveRig, why: str) -> None:
+        """Resume a parked rig. Call with ``rig.state_lock`` held."""
+        assert rig.machine is not None
+        await rig.machine.wake()
+        await self._transition(rig, Phase.READY, why)
+
+    async def _park(self, rig: LiveRig, why: str, *, forced: bool = False) -> bool:
+        async with rig.state_lock:
+            if rig.phase is not Phase.READY or rig.machine is None or rig.busy:
+                return False
+            if not forced and (self.clock() - rig.last_active < rig.row.idle_s
+                               or self._state(rig, self.clock()).pins(self.clock())):
+                return False  # something happened since the decision
+            try:
+                await rig.machine.park()
+            except BackendError as exc:
+                log.warning("could not park", extra={"rig": rig.row.id, "error": exc.message})
+                return False
+            await self._transition(rig, Phase.PARKED, why)
+            return True
+
+    async def _reap(self, rig: LiveRig, reason: CloseReason, why: str) -> None:
+        """Close for idleness, TTL or memory, with a RigReaped event first."""
+        if rig.phase in (Phase.CLOSING, Phase.CLOSED):
+            return
+        await self.events.publish(rig.row.workspace_id, rig.row.id, "RigReaped",
+                                  reason=reason.value, why=why, agent=rig.last_agent)
+        await self._close(rig, reason, None)
+
+    def _state(self, rig: LiveRig, now: float) -> RigState:
+        if rig.lease_until is not None and rig.lease_until <= now:
+            controlled = False
+        else:
+            controlled = rig.person_controller is not None
+        machine = rig.machine
+        resident = rig.row.memory_mb if machine is None else (machine.resident_mb() or rig.row.memory_mb)
+        return RigState(
+            id=rig.row.id, phase=rig.phase, last_active=rig.last_active,
+            expires_at=rig.expires_at, idle_s=rig.row.idle_s, resident_mb=resident,
+            terminals=rig.terminals, watched_until=rig.watched_until,
+            controlled_by_person=controlled, busy=rig.busy,
+        )
+
+    # -- the reaper -------------------------------------------------------------------
+
+    async def _reaper(self) -> None:
+        while True:
+            await trio.sleep(self.tick_s)
+            try:
+                await self.reap_once()
+            except RigdError as exc:
+                log.warning("reaper step failed", extra={"error": exc.message})
+
+    async def reap_once(self) -> None:
+        """One scheduling step: lapse leases, then park and close what is due."""
+        now = self.clock()
+        for rig in list(self.live.values()):
+            if rig.lease_until is not None and rig.lease_until <= now and rig.person_controller:
+                await self._set_person_control(rig, None, "lease expired")
+        decisions = plan_idle([self._state(r, now) for r in self.live.values()], now)
+        async with trio.open_nursery() as nursery:
+            for decision in decisions:
+                target = self.live.get(decision.rig_id)
+                if target is None:
+                    continue
+                idle = int(now - target.last_active)
+                if isinstance(decision, Park):
+                    nursery.start_soon(self._park, target, f"parked after {idle} s without an action")
+                else:
+                    why = ("its hard lifetime ran out" if decision.reason is CloseReason.TTL_EXPIRED
+                           else f"idle for {idle} s")
+                    nursery.start_soon(self._reap, target, decision.reason, why)
+
+    # -- control, watching, parking on request -----------------------------------------
+
+    async def _set_person_control(self, rig: LiveRig, person: str | None, why: str) -> None:
+        previous = rig.row.controller_id if rig.row.controller_kind == "person" else None
+        if person is None:
+            rig.lease_until = None
+            kind, who = ("agent", rig.last_agent) if rig.last_agent else (None, None)
+        else:
+            rig.lease_until = self.clock() + CONTROL_LEASE_S
+            kind, who = "person", person
+        await self._update(rig, controller_kind=kind, controller_id=who)
+        await self.events.publish(
+            rig.row.workspace_id, rig.row.id, "RigControlChanged",
+            controller={"kind": kind, "id": who} if who else None,
+            previous={"kind": "person", "id": previous} if previous else None, why=why,
+        )
+
+    async def control(self, caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"rigId", "op"})
+        rig_id = ident(params, "rigId")
+        op = params.get("op")
+        if op not in ("take", "release"):
+            raise FieldError("op", "must be 'take' or 'release'")
+        assert rig_id is not None
+        _row, _db, rig = await self._visible(caller, rig_id)
+        if rig is None or rig.phase not in lifecycle.LIVE:
+            raise Conflict(f"rig {rig_id} is not running; there is nothing to control")
+        holder = rig.person_controller
+        if op == "take":
+            if caller.user.kind != "person":
+                raise Forbidden("only a person can take control; agents drive without a lease")
+            if holder is not None and holder != caller.user.id:
+                raise Conflict("another person already holds control of this rig",
+                               controller={"kind": "person", "id": holder})
+            await self.audit_event(rig, caller, "control_take", {})
+            await self._set_person_control(rig, caller.user.id, "taken")
+        else:
+            if holder is None:
+                raise Conflict("nobody holds control of this rig")
+            if holder != caller.user.id and not caller.user.is_admin:
+                raise Forbidden("only the person holding control (or an admin) can release it")
+            await self.audit_event(rig, caller, "control_release", {})
+            await self._set_person_control(rig, None, "released")
+        return self.rig_json(rig.row, rig)
+
+    async def watch(self, caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"rigId"})
+        rig_id = ident(params, "rigId")
+        assert rig_id is not None
+        _row, _db, rig = await self._visible(caller, rig_id)
+        if rig is None or rig.phase not in lifecycle.LIVE:
+            raise Conflict(f"rig {rig_id} is not running; there is nothing to watch")
+        now = self.clock()
+        rig.watched_until = now + WATCH_LAPSE_S
+        if rig.person_controller == caller.user.id:
+            rig.lease_until = now + CONTROL_LEASE_S
+        return {"rigId": rig_id, "phase": rig.row.phase, "watchedUntil": _iso_at(rig.watched_until)}
+
+    async def park(self, caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"rigId"})
+        rig_id = ident(params, "rigId")
+        assert rig_id is not None
+        _row, _db, rig = await self._visible(caller, rig_id)
+        if rig is None:
+            raise Conflict(f"rig {rig_id} is not running")
+        self._check_control(rig, caller)
+        if rig.phase is not Phase.PARKED:
+            lifecycle.require_phase(rig.phase, frozenset({Phase.READY}), "park")
+            if rig.busy:
+                raise Conflict("the rig is running an action; park it when it is done")
+            await self.audit_event(rig, caller, "park", {})
+            await self._park(rig, "parked on request", forced=True)
+        return self.rig_json(rig.row, rig)
+
+    # -- ending things --------------------------------------------------------------------
+
+    async def end_conversation(self, caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"workspace", "conversation"})
+        ref = string(params, "workspace", max_len=128)
+        conversation = ident(params, "conversation")
+        assert ref is not None
+        ws_id = await self._workspace_for(caller, ref)
+        rigs = [r for r in self.live.values()
+                if r.row.workspace_id == ws_id and r.row.conversation == conversation]
+        async with trio.open_nursery() as nursery:
+            for rig in rigs:
+                nursery.start_soon(self._close, rig, CloseReason.CONVERSATION_ENDED, caller)
+        return {"closed": [r.row.id for r in rigs]}
+
+    async def close_workspace(self, workspace_id: str) -> list[str]:
+        """The workspace is gone (deleted, or its last member removed)."""
+        rigs = [r for r in self.live.values() if r.row.workspace_id == workspace_id]
+        async with trio.open_nursery() as nursery:
+            for rig in rigs:
+                nursery.start_soon(self._close, rig, CloseReason.WORKSPACE_GONE, None)
+        return [r.row.id for r in rigs]
+
+    async def retry(self, caller: Caller, raw: object) -> dict[str, Any]:
+        """Replace a failed rig with a fresh machine opened the same way."""
+        params = obj(raw)
+        no_extra(params, {"rigId"})
+        rig_id = ident(params, "rigId")
+        assert rig_id is not None
+        row, db, rig = await self._visible(caller, rig_id)
+        if row.phase != Phase.FAILED.value and not (
+            row.phase == Phase.CLOSED.value and row.close_reason == CloseReason.BACKEND_FAILURE.value
+        ):
+            raise Conflict(f"rig {rig_id} is {row.phase}; only a failed rig can be retried")
+        if rig is not None:
+            await self.audit_event(rig, caller, "retry", {})
+            await self._close(rig, CloseReason.BACKEND_FAILURE, None)
+        opened = rig.params if rig is not None and rig.params is not None else parse_open(
+            {"workspace": row.workspace_id, "surface": row.surface,
+             "conversation": row.conversation, "memoryMb": row.memory_mb, "vcpus": row.vcpus,
+             "ttlS": row.ttl_s, "idleS": row.idle_s},
+            frozenset(self.backends),
+        )
+        fresh = await self._start(caller, opened, row.workspace_id, db)
+        answer = await self._answer_open(fresh, True)
+        return {**answer, "retryOf": rig_id}
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def events_since(self, caller: Caller, raw: object) -> list[dict[str, Any]]:
+        params = obj(raw)
+        no_extra(params, {"workspace", "afterId"})
+        ref = string(params, "workspace", max_len=128)
+        assert ref is not None
+        after = integer(params, "afterId", 0, 2**62, 0)
+        ws_id = await self._workspace_for(caller, ref)
+        db = await self.stores.workspace(ws_id)
+        return await self.stores.run(db.events, after_id=after)
 
     async def _execute(self, rig: LiveRig, machine: Machine, action: object) -> dict[str, Any]:
         if isinstance(action, TerminalExec):
             result = await self.exec(machine, action, max_output=EXEC_OUTPUT_LIMIT)
             return exec_json(result, EXEC_OUTPUT_LIMIT)
-        raise FieldError("action.action", f"{type(action).__name__} is not available in this build")
+        return await machine.perform(action)
 
     async def exec(self, machine: Machine, action: TerminalExec, *, max_output: int) -> ExecResult:
         return await machine.exec(
@@ -499,11 +832,23 @@ class RigManager:
     # -- terminals (PTY) ----------------------------------------------------------------
 
     async def terminal_rig(self, caller: Caller, rig_id: str) -> LiveRig:
-        _row, _db, live = await self._visible(caller, rig_id)
-        if live is None or live.machine is None or live.phase is not Phase.READY:
-            phase = live.row.phase if live else _row.phase
-            raise Conflict(f"rig {rig_id} is {phase}; a terminal needs a ready rig")
+        """The rig behind a PTY session: woken if parked; typing changes state, so
+        a person's control lease is respected."""
+        row, _db, live = await self._visible(caller, rig_id)
+        if live is None:
+            raise Conflict(f"rig {rig_id} is {row.phase}; a terminal needs a running rig")
+        self._check_control(live, caller)
+        async with live.state_lock:
+            if live.phase is Phase.PARKED:
+                await self._wake(live, "woken by a terminal")
+            lifecycle.require_phase(live.phase, frozenset({Phase.READY}), "open a terminal")
+        if live.machine is None:
+            raise Conflict(f"rig {rig_id}: the machine is not running")
         return live
+
+    def note_activity(self, rig: LiveRig) -> None:
+        """Cheap, in-memory activity (a keystroke in a terminal)."""
+        rig.last_active = self.clock()
 
 
 def exec_json(result: ExecResult, limit: int) -> dict[str, Any]:
@@ -537,3 +882,33 @@ async def _kill_pid(pid: int, ticks: int | None) -> None:
         # Not our child (its parent was the crashed server): nothing to wait on but /proc.
         while trio.current_time() < deadline and proc_alive(pid, ticks):  # noqa: ASYNC110
             await trio.sleep(0.05)
+
+
+def _iso_at(epoch: float) -> str:
+    from datetime import UTC, datetime
+
+    return iso(datetime.fromtimestamp(epoch, UTC))
+
+
+def _remove_orphans(data_dir: Path) -> None:
+    """At start-up nothing is live: whatever runtime files or rig QEMUs remain
+    (a crash between spawning QEMU and recording its pid) are orphans."""
+    marker = f"{data_dir}/rigs/smolvm/".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"qemu-system" in cmdline and marker in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+    for sub in ("smolvm", "run"):
+        folder = data_dir / "rigs" / sub
+        if folder.is_dir():
+            for child in folder.iterdir():
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)

@@ -88,6 +88,10 @@ class Machine(Protocol):
 
     def console_tail(self, max_bytes: int = 4096) -> str: ...
 
+    async def perform(self, action: Any) -> dict[str, Any]:
+        """Run a verb other than ``exec`` (typed action from :mod:`rigd.verbs`)."""
+        ...
+
     async def park(self) -> None:
         """Stop the vCPUs; memory stays resident."""
         ...

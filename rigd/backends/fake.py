@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -24,6 +25,7 @@ class FakeMachine:
     parked: bool = False
     rss_mb: int = 100
     calls: list[list[str]] = field(default_factory=list)
+    performed: list[str] = field(default_factory=list)
 
     async def exec(
         self,
@@ -58,6 +60,11 @@ class FakeMachine:
 
     def channel_stats(self) -> dict[str, int]:
         return {}
+
+    async def perform(self, action: Any) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        self.performed.append(action.verb)
+        return {"performed": action.verb}
 
     async def park(self) -> None:
         self.parked = True

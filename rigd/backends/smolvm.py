@@ -318,6 +318,10 @@ class SmolvmMachine:
     def console_tail(self, max_bytes: int = 4096) -> str:
         return self.console.tail(max_bytes)
 
+    async def perform(self, action: Any) -> dict[str, Any]:
+        verb = getattr(action, "verb", "?")
+        raise FieldError("action.action", f"a terminal rig answers only exec, not {verb}")
+
     async def park(self) -> None:
         if self.qmp is None:
             raise BackendError("the machine is not running")

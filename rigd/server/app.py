@@ -51,6 +51,35 @@ class ServerContext:
         return Caller(user)
 
 
+class WsSession:
+    """One RPC WebSocket: a send lock, and the event subscriptions it holds.
+
+    Each subscription is forwarded by one task, so a subscriber sees a
+    workspace's events in order, as ``rig.event`` notifications.
+    """
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._send_lock = trio.Lock()
+        self._subscribed: set[str] = set()
+
+    async def send(self, payload: Any) -> None:
+        async with self._send_lock:
+            await websocket.send(json.dumps(payload))
+
+    def subscribe(self, workspace_id: str, channel: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
+        if workspace_id in self._subscribed:
+            channel.close()
+            return
+        self._subscribed.add(workspace_id)
+        self._nursery.start_soon(self._forward, channel)
+
+    async def _forward(self, channel: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
+        async with channel:
+            async for event in channel:
+                await self.send({"jsonrpc": "2.0", "method": "rig.event", "params": event})
+
+
 def create_app(ctx: ServerContext) -> QuartTrio:
     app = QuartTrio("rigd")
     app.config["MAX_CONTENT_LENGTH"] = MAX_INBOUND
@@ -85,15 +114,15 @@ def create_app(ctx: ServerContext) -> QuartTrio:
         except RigdError as exc:
             return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, 401)
         await websocket.accept()
-        send_lock = trio.Lock()
-
-        async def answer(message: str | bytes) -> None:
-            reply = await ctx.dispatcher.handle_bytes(caller, message)
-            if reply is not None:
-                async with send_lock:
-                    await websocket.send(json.dumps(reply))
-
         async with trio.open_nursery() as nursery:
+            session = WsSession(nursery)
+            session_caller = Caller(caller.user, session=session)
+
+            async def answer(message: str | bytes) -> None:
+                reply = await ctx.dispatcher.handle_bytes(session_caller, message)
+                if reply is not None:
+                    await session.send(reply)
+
             while True:
                 message = await websocket.receive()
                 nursery.start_soon(answer, message)

@@ -47,6 +47,8 @@ class ServeConfig:
     accel: Accel | None = None
     cache_dir: Path | None = None
     qemu: str = "qemu-system-x86_64"
+    memory_budget_mb: int = 12 * 1024
+    reap_interval_s: float = 1.0
 
 
 def default_data_dir() -> Path:
@@ -161,7 +163,10 @@ async def _serve(
         SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets, qemu=config.qemu),
         ensure_pack=make_pack,
     )
-    rigs = RigManager(stores, {Surface.TERMINAL: backend}, accel=accel, accel_problem=problem)
+    rigs = RigManager(
+        stores, {Surface.TERMINAL: backend}, accel=accel, accel_problem=problem,
+        memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
+    )
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
     dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url))

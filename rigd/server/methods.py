@@ -7,7 +7,7 @@ from typing import Any
 from rigd import __version__
 from rigd.errors import FieldError, NotFound
 from rigd.model import BUILT_SURFACES
-from rigd.params import ident, no_extra, obj, string
+from rigd.params import ident, integer, no_extra, obj, string
 from rigd.rigs import Caller, RigManager
 from rigd.server.rpc import Method
 from rigd.store.aio import Stores
@@ -63,7 +63,30 @@ def build_methods(stores: Stores, rigs: RigManager, signer: Any, base_url: list[
     async def member_remove(caller: Caller, raw: object) -> dict[str, Any]:
         ws_id, user_id = await _member_args(raw)
         remaining = await stores.run(server.remove_member, ws_id, user_id)
-        return {"workspace": ws_id, "user": user_id, "remainingMembers": remaining}
+        closed = await rigs.close_workspace(ws_id) if remaining == 0 else []
+        return {"workspace": ws_id, "user": user_id, "remainingMembers": remaining,
+                "closedRigs": closed}
+
+    async def workspace_delete(caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"workspace"})
+        ref = string(params, "workspace", max_len=128)
+        assert ref is not None
+        ws = await stores.run(server.get_workspace, ref)
+        closed = await rigs.close_workspace(ws.id)
+        await stores.run(server.delete_workspace, ws.id)
+        return {"workspace": ws.id, "closedRigs": closed}
+
+    async def events_subscribe(caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"workspace"})
+        ref = string(params, "workspace", max_len=128)
+        assert ref is not None
+        if caller.session is None:
+            raise FieldError("method", "events.subscribe needs the WebSocket transport (GET /rpc)")
+        ws = await stores.run(server.resolve_workspace, caller.user.id, ref)
+        caller.session.subscribe(ws.id, rigs.events.subscribe(ws.id))
+        return {"workspace": ws.id, "subscribed": True}
 
     async def token_create(caller: Caller, raw: object) -> dict[str, Any]:
         params = obj(raw)
@@ -91,7 +114,15 @@ def build_methods(stores: Stores, rigs: RigManager, signer: Any, base_url: list[
             "accel": rigs.accel.value if rigs.accel else None,
             "accelProblem": rigs.accel_problem,
             "surfaces": sorted(s.value for s in BUILT_SURFACES),
+            "memoryBudgetMb": rigs.memory_budget_mb,
         }
+
+    async def server_configure(caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"memoryBudgetMb"})
+        if "memoryBudgetMb" in params:
+            rigs.memory_budget_mb = integer(params, "memoryBudgetMb", 256, 1 << 24, 0, "MB")
+        return {"memoryBudgetMb": rigs.memory_budget_mb}
 
     async def terminal_url(caller: Caller, raw: object) -> dict[str, Any]:
         params = obj(raw)
@@ -112,6 +143,14 @@ def build_methods(stores: Stores, rigs: RigManager, signer: Any, base_url: list[
         "rig.act": Method(rigs.act),
         "rig.log": Method(rigs.actions),
         "rig.terminalUrl": Method(terminal_url),
+        "rig.control": Method(rigs.control),
+        "rig.watch": Method(rigs.watch),
+        "rig.park": Method(rigs.park),
+        "rig.retry": Method(rigs.retry),
+        "rig.events": Method(rigs.events_since),
+        "events.subscribe": Method(events_subscribe),
+        "conversation.end": Method(rigs.end_conversation),
+        "workspace.delete": Method(workspace_delete, admin=True),
         "tools.list": Method(tools.list),
         "tools.call": Method(tools.call),
         "workspace.list": Method(workspace_list),
@@ -122,4 +161,5 @@ def build_methods(stores: Stores, rigs: RigManager, signer: Any, base_url: list[
         "token.create": Method(token_create, admin=True),
         "whoami": Method(whoami),
         "server.info": Method(server_info),
+        "server.configure": Method(server_configure, admin=True),
     }

@@ -105,6 +105,7 @@ async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
                         continue
                 counts["inputBytes"] += len(data)
                 counts["inputChunks"] += 1
+                ctx.rigs.note_activity(rig)
                 await pty.write(data)
     except RigdError as exc:
         with trio.move_on_after(2):

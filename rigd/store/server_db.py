@@ -255,6 +255,14 @@ class ServerDB:
             ).fetchall()
         return [_workspace(r) for r in rows]
 
+    def delete_workspace(self, workspace_id: str) -> None:
+        """Mark deleted (rows are kept for the audit trail); memberships go."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE workspaces SET deleted_at = ? WHERE id = ?", (iso(utcnow()), workspace_id)
+            )
+            self._conn.execute("DELETE FROM memberships WHERE workspace_id = ?", (workspace_id,))
+
     def is_member(self, workspace_id: str, user_id: str) -> bool:
         with self._lock:
             row = self._conn.execute(

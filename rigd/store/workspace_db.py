@@ -75,6 +75,17 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (rig_id, seq)
     );
     """,
+    # v2: domain events (RigClosedEvent, RigControlChanged, RigReaped, phase changes)
+    """
+    CREATE TABLE rig_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        rig_id TEXT NOT NULL,
+        at TEXT NOT NULL,
+        type TEXT NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE INDEX rig_events_rig ON rig_events(rig_id, id);
+    """,
 ]
 
 
@@ -202,6 +213,30 @@ class WorkspaceDB:
                 LIVE_PHASES,
             ).fetchall()
         return [_rig(r) for r in rows]
+
+    # -- rig_events ---------------------------------------------------------
+
+    def add_event(self, rig_id: str, type_: str, data: dict[str, Any]) -> tuple[int, str]:
+        """Persist one event; returns its id (order of the workspace) and time."""
+        at = iso(utcnow())
+        encoded = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO rig_events (rig_id, at, type, data) VALUES (?, ?, ?, ?)",
+                (rig_id, at, type_, encoded),
+            )
+        return int(cur.lastrowid or 0), at
+
+    def events(self, *, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM rig_events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)
+            ).fetchall()
+        return [
+            {"id": r["id"], "type": r["type"], "rigId": r["rig_id"], "at": r["at"],
+             "workspace": self.workspace_id, **json.loads(r["data"])}
+            for r in rows
+        ]
 
     # -- rig_action_log ------------------------------------------------------
 
