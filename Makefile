@@ -14,7 +14,7 @@ help:
 	@echo "make run    - install what is missing, build images, start the server"
 	@echo "make test   - install what is missing and run lint + the whole test suite"
 	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
-	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent)"
+	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake)"
 	@echo "make lint   - ruff and mypy --strict"
 
 deps:
@@ -52,7 +52,7 @@ test: images lint
 	$(BIN)/pytest -q tests/unit tests/integration
 
 bench: images
-	$(BIN)/python bench/terminal.py
+	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; exit $$(( a || b || c ))
 
 clean-cache:
 	rm -rf "$(RIGD_CACHE_DIR)"

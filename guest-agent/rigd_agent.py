@@ -35,9 +35,11 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -66,6 +68,11 @@ TERM = "xterm-256color"
 BUSYBOX = "/.rigd/bin/busybox"
 RB_POWER_OFF = 0x4321FEDC
 PR_SET_CHILD_SUBREAPER = 36
+RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
+RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
+SIOCSIFHWADDR = 0x8924
+ARPHRD_ETHER = 1
+MACHINE_ID_FILES = ("etc/machine-id", "var/lib/dbus/machine-id")
 
 
 def log(msg: str) -> None:
@@ -360,10 +367,13 @@ def _winsize(rows: int, cols: int) -> bytes:
 
 
 class Agent:
-    def __init__(self, chan: Channel, *, may_set_clock: bool, may_power_off: bool) -> None:
+    def __init__(
+        self, chan: Channel, *, may_set_clock: bool, may_power_off: bool, sysroot: str | None = None
+    ) -> None:
         self.chan = chan
-        self.may_set_clock = may_set_clock
+        self.may_set_clock = may_set_clock  # also: may seed the kernel RNG and set a MAC
         self.may_power_off = may_power_off
+        self.sysroot = sysroot  # where /etc/machine-id is written; None: nowhere
         self.lock = threading.Lock()
         self.ptys: dict[int, Pty] = {}
         self.next_pty = 1
@@ -373,6 +383,7 @@ class Agent:
         self.inline: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "ping": self.op_ping,
             "hello": self.op_hello,
+            "reseed": self.op_reseed,
             "pty_in": self.op_pty_in,
             "pty_resize": self.op_pty_resize,
         }
@@ -503,6 +514,27 @@ class Agent:
             clockSet=clock_set,
             **extra,
         )
+
+    def op_reseed(self, rid: int, req: dict[str, Any]) -> None:
+        """Make this machine its own after a snapshot restore (docs/guest-protocol.md)."""
+        machine_id = field_str(req, "machineId")
+        if machine_id is not None and not re.fullmatch(r"[0-9a-f]{32}", machine_id):
+            raise BadRequest("machineId must be 32 lower-case hex digits")
+        entropy = field_b64(req, "entropy")
+        if entropy is not None and not 16 <= len(entropy) <= 512:
+            raise BadRequest("entropy must be 16 to 512 bytes")
+        mac = field_str(req, "mac")
+        if mac is not None and not re.fullmatch(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", mac):
+            raise BadRequest("mac must be six lower-case hex pairs")
+        out: dict[str, Any] = {"entropyCredited": False, "crngReseeded": False,
+                               "machineIdFiles": [], "macSet": []}
+        if entropy is not None and self.may_set_clock:
+            out.update(seed_rng(entropy))
+        if machine_id is not None and self.sysroot is not None:
+            out.update(write_machine_id(self.sysroot, machine_id))
+        if mac is not None and self.may_set_clock:
+            out.update(set_mac(mac))
+        self.ok(rid, **out)
 
     def op_exec(self, rid: int, req: dict[str, Any]) -> None:
         argv = field_argv(req, required=True)
@@ -872,6 +904,89 @@ class Agent:
             kill_tree(pid, signal.SIGKILL)
 
 
+def seed_rng(data: bytes) -> dict[str, Any]:
+    """Credit host entropy to the kernel pool and force the CRNG to reseed.
+
+    A restored snapshot carries its RNG state: without this, clones would
+    draw the same "random" numbers until the kernel reseeds on its own.
+    """
+    out: dict[str, Any] = {}
+    try:
+        fd = os.open("/dev/urandom", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        return {"rngError": describe_oserror(exc)}
+    try:
+        try:
+            # struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+            fcntl.ioctl(fd, RNDADDENTROPY, struct.pack("ii", len(data) * 8, len(data)) + data)
+            out["entropyCredited"] = True
+        except OSError as exc:
+            os.write(fd, data)  # mixed in, at least, though not credited
+            out["rngError"] = describe_oserror(exc, "RNDADDENTROPY")
+        try:
+            fcntl.ioctl(fd, RNDRESEEDCRNG)
+            out["crngReseeded"] = True
+        except OSError as exc:
+            out["rngError"] = describe_oserror(exc, "RNDRESEEDCRNG")
+    finally:
+        os.close(fd)
+    return out
+
+
+def write_machine_id(sysroot: str, machine_id: str) -> dict[str, Any]:
+    """Write ``/etc/machine-id`` (and dbus's copy when it is a file of its own)."""
+    written: list[str] = []
+    errors: list[str] = []
+    for rel in MACHINE_ID_FILES:
+        path = os.path.join(sysroot, rel)
+        optional = rel != MACHINE_ID_FILES[0]
+        if os.path.islink(path) or (optional and not os.path.exists(path)):
+            continue  # e.g. dbus's link to /etc/machine-id, or no dbus at all
+        if not os.path.isdir(os.path.dirname(path)):
+            continue
+        tmp = f"{path}.rigd-{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+            try:
+                os.write(fd, (machine_id + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            written.append("/" + rel)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            errors.append(describe_oserror(exc, "/" + rel))
+    out: dict[str, Any] = {"machineIdFiles": written}
+    if errors:
+        out["machineIdError"] = "; ".join(errors)
+    return out
+
+
+def set_mac(mac: str) -> dict[str, Any]:
+    """Give the first virtio NIC the rig's MAC (its device state came from the snapshot)."""
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return {"macSet": []}
+    for name in names:
+        try:
+            driver = os.path.basename(os.readlink(f"/sys/class/net/{name}/device/driver"))
+        except OSError:
+            continue
+        if driver != "virtio_net":
+            continue
+        ifreq = struct.pack("16sH6s8x", name.encode()[:15], ARPHRD_ETHER, bytes.fromhex(mac.replace(":", "")))
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                fcntl.ioctl(s.fileno(), SIOCSIFHWADDR, ifreq)
+        except OSError as exc:
+            return {"macSet": [], "macError": describe_oserror(exc, name)}
+        return {"macSet": [name]}
+    return {"macSet": []}
+
+
 def power_off() -> None:
     try:
         import ctypes
@@ -958,7 +1073,7 @@ def ready_event() -> dict[str, Any]:
     return {"ev": "ready", "proto": PROTO, "agent": AGENT, "pid": os.getpid()}
 
 
-def serve_stdio() -> None:
+def serve_stdio(sysroot: str | None = None) -> None:
     # Keep the protocol on private fds and point 0/1 elsewhere, so a stray
     # print() can never corrupt the channel.
     rfd, wfd = os.dup(0), os.dup(1)
@@ -968,7 +1083,7 @@ def serve_stdio() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     chan = Channel(wfd)
-    agent = Agent(chan, may_set_clock=False, may_power_off=False)
+    agent = Agent(chan, may_set_clock=False, may_power_off=False, sysroot=sysroot)
     reader = LineReader()
     chan.send(ready_event())
     while True:
@@ -987,10 +1102,12 @@ def serve_stdio() -> None:
     os._exit(0)
 
 
-def serve_port(spec: str, *, console: str | None, set_clock: bool, power: bool) -> None:
+def serve_port(
+    spec: str, *, console: str | None, set_clock: bool, power: bool, sysroot: str | None = "/"
+) -> None:
     fd = open_port(spec)
     chan = Channel(fd)
-    agent = Agent(chan, may_set_clock=set_clock, may_power_off=power)
+    agent = Agent(chan, may_set_clock=set_clock, may_power_off=power, sysroot=sysroot)
     reader = LineReader()
     # The console line first: the ready line blocks until the host is connected.
     announce_console(console)
@@ -1106,7 +1223,8 @@ def spawn_agent_child(args: argparse.Namespace, *, console: str | None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         with contextlib.suppress(OSError):
             os.setsid()
-        serve_port(args.port, console=console, set_clock=not args.no_clock, power=not args.no_poweroff)
+        serve_port(args.port, console=console, set_clock=not args.no_clock, power=not args.no_poweroff,
+                   sysroot=args.sysroot or "/")
         code = 0
     except BaseException:
         with contextlib.suppress(BaseException):
@@ -1126,7 +1244,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pid1", action="store_true", help="be init: reap, supervise the agent")
     p.add_argument("--pidfile", default="/run/rigd-agent.pid", help="where --pid1 writes the agent's pid")
     p.add_argument("--console", default="/dev/console", help="where RIGD-AGENT-READY goes ('' for nowhere)")
-    p.add_argument("--no-clock", action="store_true", help="never set the clock on hello")
+    p.add_argument("--no-clock", action="store_true",
+                   help="never set the clock on hello, seed the kernel RNG or set a MAC (reseed)")
+    p.add_argument("--sysroot", default=None,
+                   help="where reseed writes etc/machine-id (port mode: /; --stdio: nowhere unless given)")
     p.add_argument("--no-poweroff", action="store_true", help="shutdown exits instead of powering off")
     args = p.parse_args(argv)
     if args.pid1 and args.stdio:
@@ -1145,9 +1266,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.pid1:
         run_pid1(args)
     elif args.stdio:
-        serve_stdio()
+        serve_stdio(args.sysroot)
     else:
-        serve_port(args.port, console=args.console, set_clock=not args.no_clock, power=not args.no_poweroff)
+        serve_port(args.port, console=args.console, set_clock=not args.no_clock, power=not args.no_poweroff,
+                   sysroot=args.sysroot or "/")
 
 
 if __name__ == "__main__":

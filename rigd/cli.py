@@ -102,6 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
     from rigd.logs import setup
+    from rigd.backends.snapshot import warm_starts_enabled
     from rigd.server.main import ServeConfig, serve
 
     setup(args.log_level)
@@ -110,6 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, accel=Accel(args.accel) if args.accel else None,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None, qemu=args.qemu,
         memory_budget_mb=args.memory_budget_mb, reap_interval_s=args.reap_interval,
+        warm_starts=False if args.no_warm_starts else warm_starts_enabled(),
     )
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve, config)
@@ -268,6 +270,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--memory-budget-mb", type=int, default=12 * 1024,
                     help="host-resident memory for all rigs together (default 12288)")
     sp.add_argument("--reap-interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    sp.add_argument("--no-warm-starts", action="store_true",
+                    help="always boot cold (no per-pack memory snapshots)")
     sp.set_defaults(fn=cmd_serve)
 
     sp = sub.add_parser("open", help="open a rig")

@@ -357,7 +357,7 @@ class RigManager:
                     async with backend.open_machine(spec, progress) as machine:
                         rig.machine = machine
                         info = machine.info
-                        rig.info = {"confinement": dict(info.confinement)}
+                        rig.info = {"confinement": dict(info.confinement), "boot": info.boot}
                         await self._update(rig, pid=info.pid, pid_start_ticks=info.pid_start_ticks,
                                            image=info.image, accel=info.accel.value)
                         await self._transition(rig, Phase.READY, "ready")

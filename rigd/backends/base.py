@@ -49,6 +49,8 @@ class MachineInfo:
     image: str | None
     confinement: Mapping[str, Any] = field(default_factory=dict)
     security_boundary: bool = True
+    #: "warm": restored from the pack's memory snapshot; "cold": the kernel booted.
+    boot: str = "cold"
 
 
 class PtySession(Protocol):

@@ -19,12 +19,19 @@ docs/images.md):
 - The balloon reports freed pages so a parked rig hands RAM back to the host.
 - Every socket is a server QEMU creates with ``wait=off``: QEMU never blocks
   on the host, and the host connects when it wants.
-- No network device: terminal rigs have no network yet.
+- No network device: terminal rigs have no network yet. The rig's MAC is a
+  parameter all the same (``mac``, derived from the rig id by
+  :func:`rigd.backends.snapshot.rig_mac`): with ``nic_netdev`` set, the NIC
+  gets it, so every rig — cold or restored from a snapshot — has its own.
+- ``incoming="defer"`` starts the machine waiting for a migration stream
+  (a warm start from a snapshot, :mod:`rigd.backends.snapshot`): the same
+  command line as the snapshotted machine apart from paths and the MAC.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +43,7 @@ SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=de
 AGENT_PORT_NAME = "rigd.agent"
 
 _ACCELS = ("kvm", "hvf", "tcg")
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _MACHINES = ("microvm", "q35")
 
 
@@ -103,11 +111,17 @@ def microvm_argv(
     sandbox: bool = True,
     machine: str = "microvm",
     tsc_khz: int | None = -1,
+    mac: str | None = None,
+    nic_netdev: str | None = None,
+    incoming: str | None = None,
 ) -> list[str]:
     """Return the argv (``argv[0] == qemu``) that boots one terminal rig.
 
     ``tsc_khz`` defaults to the host's value (:func:`host_tsc_khz`); pass an
-    int to fix it (tests) or ``None`` to leave it out.
+    int to fix it (tests) or ``None`` to leave it out. ``mac`` (lower-case,
+    ``02:…`` style) is the rig's own; it reaches a ``virtio-net`` device only
+    when ``nic_netdev`` names a ``-netdev`` the caller adds. ``incoming``
+    (``"defer"``) makes QEMU wait for ``migrate-incoming`` on QMP.
     """
     if accel not in _ACCELS:
         raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
@@ -117,6 +131,14 @@ def microvm_argv(
         raise RigdError(f"memory_mb {memory_mb} is out of range (64..1048576)", field="memory_mb")
     if not 1 <= vcpus <= 64:
         raise RigdError(f"vcpus {vcpus} is out of range (1..64)", field="vcpus")
+    if mac is not None and not _MAC.match(mac):
+        raise RigdError(f"mac {mac!r} is not six lower-case hex pairs", field="mac")
+    if mac is not None and int(mac[:2], 16) & 1:
+        raise RigdError(f"mac {mac!r} is a multicast address", field="mac")
+    if nic_netdev is not None and mac is None:
+        raise RigdError("a NIC needs the rig's mac", field="mac")
+    if incoming is not None and incoming != "defer":
+        raise RigdError(f"incoming {incoming!r} is not 'defer'", field="incoming")
     khz = host_tsc_khz() if tsc_khz == -1 else tsc_khz
 
     micro = machine == "microvm"
@@ -185,6 +207,10 @@ def microvm_argv(
         "-device",
         f"virtio-balloon-{bus},free-page-reporting=on",
     ]
+    if nic_netdev is not None:
+        argv += ["-device", f"virtio-net-{bus},netdev={_esc(nic_netdev)},mac={mac}"]
+    if incoming is not None:
+        argv += ["-incoming", incoming]
     if sandbox:
         argv += ["-sandbox", SANDBOX]
     return argv

@@ -11,7 +11,17 @@ How a rig comes up (each step is what ``phaseDetail`` says while it runs):
    with QMP, the serial console and the agent channel on Unix sockets in
    ``<dataDir>/rigs/smolvm/<rigId>/``.
 4. ``waiting for the guest agent`` — the host says ``hello`` until the agent on
-   the tools disk answers (it also sets the guest clock).
+   the tools disk answers (it also sets the guest clock), then ``reseed``: the
+   rig's own ``/etc/machine-id``, fresh entropy, its MAC.
+
+Warm starts (:mod:`rigd.backends.snapshot`): when the pack has a memory
+snapshot for this machine shape, step 2 makes the overlay over the snapshot's
+disk and step 3 is ``restoring snapshot`` (QEMU with ``-incoming defer`` fed
+the saved state) instead of ``booting kernel``; ``MachineInfo.boot`` says
+``warm``. A restore that fails falls back to a cold boot (logged, and the
+snapshot is deleted). After the first cold boot of a shape with no snapshot,
+one is built in the background. ``RIGD_WARM_STARTS=0`` (or
+``SmolvmConfig.warm_starts=False``) turns all of this off.
 
 Teardown escalates inside a shielded scope: QMP ``quit`` → SIGTERM → SIGKILL,
 each with a deadline, then the runtime directory and overlay are removed.
@@ -21,13 +31,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +51,25 @@ from rigd.backends.base import ExecResult, MachineInfo, MachineSpec
 from rigd.backends.confine import Identity, UidPool, give, make_private_dir, make_shared_dir
 from rigd.backends.guest_client import GuestConnection, iterate
 from rigd.backends.microvm_argv import microvm_argv
-from rigd.backends.procs import proc_start_ticks, resident_mb
+from rigd.backends.procs import proc_alive, proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.ring import Ring
+from rigd.backends.snapshot import (
+    Snapshot,
+    SnapshotStore,
+    file_identity,
+    load_memory,
+    rig_mac,
+    rig_machine_id,
+    save_memory,
+    should_build,
+    snapshot_key,
+    snapshot_material,
+    warm_starts_enabled,
+)
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
 from rigd.images import TerminalAssets
-from rigd.model import Accel, Backend
+from rigd.model import Accel, Backend, Surface
 from rigd.protocols.guest import Stream
 
 
@@ -59,6 +84,11 @@ def timeouts_for(accel: Accel) -> tuple[float, float]:
     return 60.0, 5.0
 
 
+#: How long a warm start may take before the rig boots cold instead (it
+#: normally takes well under a second, also under TCG).
+RESTORE_DEADLINE_S = 30.0
+
+
 @dataclass(slots=True)
 class SmolvmConfig:
     data_dir: Path
@@ -66,6 +96,43 @@ class SmolvmConfig:
     assets: TerminalAssets
     qemu: str = "qemu-system-x86_64"
     qemu_img: str = "qemu-img"
+    zstd: str = "zstd"
+    #: Restore rigs from per-pack memory snapshots (``RIGD_WARM_STARTS=0`` turns it off).
+    warm_starts: bool = dataclasses.field(default_factory=warm_starts_enabled)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPlan:
+    """Where a machine of one shape stands with warm starts (made in a worker thread)."""
+
+    store: SnapshotStore
+    key: str
+    material: dict[str, Any]
+    snapshot: Snapshot | None
+
+
+def rig_argv(
+    config: SmolvmConfig,
+    *,
+    memory_mb: int,
+    vcpus: int,
+    rig_dir: Path,
+    overlay: Path,
+    mac: str | None,
+    incoming: bool = False,
+    kernel: Path | None = None,
+    initrd: Path | None = None,
+    tools: Path | None = None,
+) -> list[str]:
+    """The QEMU command line of a rig (asset paths overridable for the key's placeholders)."""
+    assets = config.assets
+    return microvm_argv(
+        qemu=config.qemu, accel=str(config.accel), memory_mb=memory_mb, vcpus=vcpus,
+        kernel=kernel or assets.kernel, initrd=initrd or assets.initrd, root_disk=overlay,
+        tools_disk=tools or assets.tools, qmp_socket=rig_dir / "qmp.sock",
+        agent_socket=rig_dir / "agent.sock", console_socket=rig_dir / "console.sock",
+        mac=mac, incoming="defer" if incoming else None,
+    )
 
 
 class SmolvmBackend:
@@ -87,10 +154,208 @@ class SmolvmBackend:
         self.run_dir = rigs / "run"
         for d in (rigs, self.state_dir, self.run_dir):
             make_shared_dir(d)
+        self.log = logging.getLogger("rigd.smolvm")
+        self._qemu_id: tuple[str, dict[str, int]] | None = None
+        self._background: trio.Nursery | None = None
+        self._building: set[str] = set()
+        self._build_failed: dict[str, float] = {}
+        #: Restore failures per key (monotonic times), for :func:`should_build`.
+        self._restore_failed: dict[str, list[float]] = {}
+        self._recover_builds()
+
+    def _recover_builds(self) -> None:
+        """Kill snapshot-build QEMUs a crashed server left behind (pid *and* start time).
+
+        Rigs are recovered from the database; a build machine is not a rig, so
+        its pid is kept in ``<state dir>/snap_….pid`` (a root-owned
+        directory the QEMU uid cannot write to, so the file cannot be forged).
+        """
+        for pidfile in sorted(self.state_dir.glob("snap_*.pid")):
+            try:
+                pid_s, ticks_s = pidfile.read_text().split()
+                pid, ticks = int(pid_s), int(ticks_s)
+            except (OSError, ValueError):
+                pid, ticks = 0, 0
+            if pid > 0 and proc_alive(pid, ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self.log.warning("killed a snapshot build left by a previous server", extra={"pid": pid})
+            shutil.rmtree(self.state_dir / pidfile.stem, ignore_errors=True)
+            pidfile.unlink(missing_ok=True)
 
     async def pack(self, progress: Callable[[str], None]) -> Path:
         async with self._pack_lock:
             return await trio.to_thread.run_sync(self._ensure_pack, progress)
+
+    # -- background work ----------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the backend's background work (snapshot builds) until cancelled.
+
+        Start it with ``nursery.start(backend.run)`` next to the rig manager.
+        Without it, builds run as Trio system tasks (cancelled when the run ends).
+        """
+        async with trio.open_nursery() as nursery:
+            self._background = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._background = None
+
+    def _spawn(self, fn: Callable[[], Awaitable[None]], name: str) -> None:
+        async def guarded() -> None:
+            try:
+                await fn()
+            except trio.Cancelled:
+                raise
+            except Exception:  # a background failure must never take the server down
+                self.log.exception("background task failed", extra={"task": name})
+
+        if self._background is not None:
+            self._background.start_soon(guarded, name=name)
+        else:
+            trio.lowlevel.spawn_system_task(guarded, name=name)
+
+    # -- warm starts ----------------------------------------------------------
+
+    async def _qemu_identity(self) -> tuple[str, dict[str, int]]:
+        if self._qemu_id is None:
+            try:
+                result = await trio.run_process(
+                    [self.config.qemu, "--version"], capture_stdout=True, capture_stderr=True, check=False
+                )
+                version = result.stdout.decode("utf-8", "replace").splitlines()[0].strip()
+            except (OSError, IndexError) as exc:
+                raise BackendError(f"cannot ask {self.config.qemu} for its version: {exc}") from exc
+            path = shutil.which(self.config.qemu) or self.config.qemu
+            st = await trio.Path(path).stat()
+            self._qemu_id = (version, file_identity(st))
+        return self._qemu_id
+
+    async def warm_plan(self, memory_mb: int, vcpus: int, rootfs: Path) -> WarmPlan:
+        """The snapshot key of this machine shape and the snapshot, if one is ready."""
+        version, binary = await self._qemu_identity()
+        return await trio.to_thread.run_sync(self._warm_plan_sync, memory_mb, vcpus, rootfs, version, binary)
+
+    def _warm_plan_sync(
+        self, memory_mb: int, vcpus: int, rootfs: Path, version: str, binary: dict[str, int]
+    ) -> WarmPlan:
+        assets = self.config.assets
+        shape = rig_argv(
+            self.config, memory_mb=memory_mb, vcpus=vcpus, rig_dir=Path("/@rig"),
+            overlay=Path("/@disk"), mac=None, kernel=Path("/@kernel"), initrd=Path("/@initrd"),
+            tools=Path("/@tools"),
+        )
+        material = snapshot_material(
+            pack=rootfs.parent.name,
+            rootfs=file_identity(rootfs.stat()),
+            qemu_version=version,
+            qemu_binary=binary,
+            argv_shape=shape[1:],
+            assets={
+                name: {"key": path.parent.name, "file": path.name, "size": path.stat().st_size}
+                for name, path in (("kernel", assets.kernel), ("initrd", assets.initrd),
+                                   ("tools", assets.tools))
+            },
+        )
+        key = snapshot_key(material)
+        store = SnapshotStore(rootfs.parent / "snapshots", log=self.log)
+        return WarmPlan(store, key, material, store.find(key))
+
+    async def warm_snapshot(self, memory_mb: int, vcpus: int) -> None:
+        """Make sure a snapshot of this shape exists or is being built (server start)."""
+        if not self.config.warm_starts:
+            return
+        rootfs = await self.pack(lambda step: self.log.info("pack", extra={"step": step}))
+        plan = await self.warm_plan(memory_mb, vcpus, rootfs)
+        if plan.snapshot is None:
+            self._schedule_build(plan, memory_mb, vcpus, rootfs)
+
+    def _schedule_build(self, plan: WarmPlan, memory_mb: int, vcpus: int, rootfs: Path) -> None:
+        key = plan.key
+        if not should_build(time.monotonic(), building=key in self._building,
+                            build_failed_at=self._build_failed.get(key),
+                            restore_failures=self._restore_failed.get(key, ())):
+            return
+        self._building.add(key)
+
+        async def build() -> None:
+            try:
+                await self._build_snapshot(plan, memory_mb, vcpus, rootfs)
+            except (RigdError, OSError) as exc:
+                self._build_failed[key] = time.monotonic()
+                reason = exc.message if isinstance(exc, RigdError) else str(exc)
+                self.log.warning("snapshot build failed; rigs of this shape boot cold",
+                                 extra={"snapshot": key, "reason": reason[:300]})
+            except BaseException:
+                self._build_failed[key] = time.monotonic()
+                raise
+            finally:
+                self._building.discard(key)
+
+        self._spawn(build, f"snapshot-{key}")
+
+    async def _build_snapshot(self, plan: WarmPlan, memory_mb: int, vcpus: int, rootfs: Path) -> None:
+        """Boot an idle machine of this shape, save it, and commit the snapshot."""
+        key, store = plan.key, plan.store
+        log = logging.getLogger(f"rigd.snapshot.{key}")
+        t0 = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            tmp = await trio.to_thread.run_sync(stack.enter_context, store.building(key))
+            if tmp is None:
+                return  # built, or being built by another process
+            identity = self.uids.acquire()
+            # Short: a Unix socket path must fit in 108 bytes (rig dirs are "rig_" + 24).
+            rig_dir = self.state_dir / f"snap_{key[:16]}"
+            pidfile = rig_dir.with_name(rig_dir.name + ".pid")
+            disk = tmp / "disk.qcow2"
+            try:
+                await trio.to_thread.run_sync(shutil.rmtree, rig_dir, True)
+                make_private_dir(rig_dir, identity)
+                await _run_quiet(
+                    [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", "raw",
+                     "-b", str(await trio.Path(rootfs).resolve()), str(disk)],
+                    what="creating the snapshot disk",
+                )
+                give(disk, identity, 0o600)
+                spec = MachineSpec(rig_id=f"snapshot-{key}", surface=Surface.TERMINAL,
+                                   memory_mb=memory_mb, vcpus=vcpus)
+                log.info("building a snapshot", extra={"memory_mb": memory_mb, "vcpus": vcpus})
+                failure: RigdError | OSError | None = None
+                async with trio.open_nursery() as nursery:
+                    machine = SmolvmMachine(
+                        spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
+                        overlay=disk, log=log, nursery=nursery,
+                    )
+                    machine.on_started = functools.partial(_write_pidfile, pidfile)
+                    try:
+                        await machine.boot(_no_progress, personalize=False)
+                        boot_s = time.monotonic() - t0
+                        sent = await machine.save(tmp / "memory.zst")
+                    except (RigdError, OSError) as exc:
+                        failure = exc  # raised outside the nursery, unwrapped
+                    finally:
+                        await machine.shutdown()
+                        nursery.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
+                snap = await trio.to_thread.run_sync(
+                    lambda: store.commit(tmp, key, plan.material, bootS=round(boot_s, 2),
+                                         buildS=round(time.monotonic() - t0, 2), ramBytesSent=sent)
+                )
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(shutil.rmtree, rig_dir, True)
+                    await trio.to_thread.run_sync(_unlink, pidfile)
+                    self.uids.release(identity)
+        removed = await trio.to_thread.run_sync(store.prune, plan.material)
+        log.info("snapshot built", extra={
+            "seconds": round(time.monotonic() - t0, 2), "memory_bytes": snap.meta["sizes"]["memory.zst"],
+            "pruned": ",".join(removed) or "-",
+        })
+
+    # -- machines -------------------------------------------------------------
 
     @asynccontextmanager
     async def open_machine(
@@ -100,33 +365,107 @@ class SmolvmBackend:
         identity = self.uids.acquire()
         rig_dir = self.state_dir / spec.rig_id
         overlay = self.run_dir / f"{spec.rig_id}.qcow2"
-        machine: SmolvmMachine | None = None
         try:
             rootfs = await self.pack(progress)
-            progress("creating disk overlay")
+            plan: WarmPlan | None = None
+            if self.config.warm_starts:
+                try:
+                    plan = await self.warm_plan(spec.memory_mb, spec.vcpus, rootfs)
+                except (OSError, BackendError) as exc:
+                    log.warning("warm starts unavailable", extra={"reason": str(exc)[:300]})
             make_private_dir(rig_dir, identity)
-            await _run_quiet(
-                [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", "raw",
-                 "-b", str(rootfs), str(overlay)],
-                what="creating the disk overlay",
-            )
-            give(overlay, identity, 0o600)
+
+            if plan is not None and plan.snapshot is not None:
+                snap = plan.snapshot
+                progress("creating disk overlay")
+                failure: RigdError | OSError | None = None
+                restored = False
+                try:
+                    await self._make_overlay(overlay, snap.disk, "qcow2", identity)
+                except (BackendError, OSError) as exc:
+                    failure = exc
+                if failure is None:
+                    async with trio.open_nursery() as nursery:
+                        machine = SmolvmMachine(
+                            spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
+                            overlay=overlay, log=log, nursery=nursery,
+                        )
+                        try:
+                            try:
+                                progress("restoring snapshot")
+                                log.info("warm start", extra={"snapshot": snap.key})
+                                await machine.restore(progress, snap)
+                            except (BackendError, OSError) as exc:
+                                failure = exc
+                            else:
+                                restored = True
+                                self._restore_failed.pop(snap.key, None)
+                                await trio.to_thread.run_sync(plan.store.touch, snap.key)
+                                yield machine
+                        finally:
+                            await machine.shutdown()
+                            nursery.cancel_scope.cancel()
+                if restored:
+                    return
+                reason = failure.message if isinstance(failure, RigdError) else str(failure)
+                log.warning("warm start failed; booting cold", extra={"snapshot": snap.key,
+                                                                       "reason": reason[:300]})
+                self._restore_failed.setdefault(snap.key, []).append(time.monotonic())
+                await trio.to_thread.run_sync(plan.store.discard, snap.key, f"restore failed: {reason}")
+                await trio.to_thread.run_sync(_remove, rig_dir, overlay)
+                make_private_dir(rig_dir, identity)
+
+            progress("creating disk overlay")
+            await self._make_overlay(overlay, rootfs, "raw", identity)
+            boot_failure: RigdError | OSError | None = None
             async with trio.open_nursery() as nursery:
                 machine = SmolvmMachine(
                     spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
                     overlay=overlay, log=log, nursery=nursery,
                 )
                 try:
-                    progress("booting kernel")
-                    await machine.boot(progress)
-                    yield machine
+                    try:
+                        progress("booting kernel")
+                        await machine.boot(progress)
+                    except (RigdError, OSError) as exc:
+                        # Raised below, outside the nursery: inside it the
+                        # error would reach the caller wrapped in an ExceptionGroup.
+                        boot_failure = exc
+                    else:
+                        if plan is not None:  # none yet, or the one there failed to restore
+                            self._schedule_build(plan, spec.memory_mb, spec.vcpus, rootfs)
+                        yield machine
                 finally:
                     await machine.shutdown()
                     nursery.cancel_scope.cancel()
+            if boot_failure is not None:
+                raise boot_failure
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(_remove, rig_dir, overlay)
                 self.uids.release(identity)
+
+    async def _make_overlay(self, overlay: Path, backing: Path, fmt: str, identity: Identity) -> None:
+        await _run_quiet(
+            [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", fmt,
+             "-b", str(await trio.Path(backing).resolve()), str(overlay)],
+            what="creating the disk overlay",
+        )
+        give(overlay, identity, 0o600)
+
+
+def _no_progress(_step: str) -> None:
+    pass
+
+
+def _write_pidfile(path: Path, pid: int, ticks: int | None) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{pid} {ticks or 0}\n")
+    os.replace(tmp, path)
+
+
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)
 
 
 def _remove(rig_dir: Path, overlay: Path) -> None:
@@ -169,9 +508,12 @@ class SmolvmMachine:
         self.qmp: QMPConnection | None = None
         self.guest: GuestConnection | None = None
         self._exited = trio.Event()
+        self._stderr_done = trio.Event()
         self._shutting_down = False
         self.boot_deadline, self.grace = timeouts_for(config.accel)
         self.guest_kernel: str | None = None
+        #: Called with (pid, start ticks) as soon as QEMU runs (snapshot builds record it).
+        self.on_started: Callable[[int, int | None], None] | None = None
         self.info = MachineInfo(
             backend=Backend.SMOLVM, accel=config.accel, pid=None, pid_start_ticks=None,
             image=config.assets.image_digest, confinement=identity.describe(),
@@ -180,19 +522,13 @@ class SmolvmMachine:
 
     # -- boot ---------------------------------------------------------------
 
-    def argv(self) -> list[str]:
-        assets = self.config.assets
-        return microvm_argv(
-            qemu=self.config.qemu, accel=str(self.config.accel),
-            memory_mb=self.spec.memory_mb, vcpus=self.spec.vcpus,
-            kernel=assets.kernel, initrd=assets.initrd, root_disk=self.overlay,
-            tools_disk=assets.tools, qmp_socket=self.rig_dir / "qmp.sock",
-            agent_socket=self.rig_dir / "agent.sock",
-            console_socket=self.rig_dir / "console.sock",
+    def argv(self, *, incoming: bool = False) -> list[str]:
+        return rig_argv(
+            self.config, memory_mb=self.spec.memory_mb, vcpus=self.spec.vcpus, rig_dir=self.rig_dir,
+            overlay=self.overlay, mac=rig_mac(self.spec.rig_id), incoming=incoming,
         )
 
-    async def boot(self, progress: Callable[[str], None]) -> None:
-        argv = self.argv()
+    async def _start_qemu(self, argv: list[str]) -> None:
         ident = self.identity
         extra: dict[str, Any] = {}
         if ident.per_rig:
@@ -204,31 +540,115 @@ class SmolvmMachine:
             )
         except OSError as exc:
             raise BackendError(f"cannot start QEMU ({argv[0]}): {exc.strerror}") from exc
-        self.info = MachineInfo(
-            backend=self.info.backend, accel=self.info.accel, pid=self.proc.pid,
-            pid_start_ticks=proc_start_ticks(self.proc.pid), image=self.info.image,
-            confinement=self.info.confinement, security_boundary=self.info.security_boundary,
+        self.info = dataclasses.replace(
+            self.info, pid=self.proc.pid, pid_start_ticks=proc_start_ticks(self.proc.pid)
         )
         self.log.info("qemu started", extra={"pid": self.proc.pid})
+        if self.on_started is not None:
+            self.on_started(self.proc.pid, self.info.pid_start_ticks)
         self._nursery.start_soon(self._watch_process)
         self._nursery.start_soon(self._pump_stderr)
 
+    async def _connect(self) -> None:
+        """QMP (negotiated), the console pump and the agent channel."""
+        await self._wait_sockets()
+        self.qmp = await QMPConnection.connect(self.rig_dir / "qmp.sock", log=self.log)
+        await self._nursery.start(self.qmp.run)
+        await self.qmp.handshake(timeout=30)
+        await self._nursery.start(self._pump_console)
+        stream = await trio.open_unix_socket(str(self.rig_dir / "agent.sock"))
+        self.guest = GuestConnection(stream, log=self.log)
+        await self._nursery.start(self.guest.run)
+
+    async def boot(self, progress: Callable[[str], None], *, personalize: bool = True) -> None:
+        """Cold boot: the kernel starts from scratch."""
+        await self._start_qemu(self.argv())
         with trio.move_on_after(self.boot_deadline) as deadline:
-            await self._wait_sockets()
-            self.qmp = await QMPConnection.connect(self.rig_dir / "qmp.sock", log=self.log)
-            await self._nursery.start(self.qmp.run)
-            await self.qmp.handshake(timeout=30)
-            await self._nursery.start(self._pump_console)
-            stream = await trio.open_unix_socket(str(self.rig_dir / "agent.sock"))
-            self.guest = GuestConnection(stream, log=self.log)
-            await self._nursery.start(self.guest.run)
+            await self._connect()
             progress("waiting for the guest agent")
             await self._hello()
+            if personalize:
+                await self._personalize(warm=False)
         if deadline.cancelled_caught:
             raise BackendError(
                 f"the guest agent did not come up within {int(self.boot_deadline)} s",
                 console=self.console_tail(2048),
             )
+
+    async def restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
+        """Warm start: QEMU waits for a migration stream; the host feeds it the snapshot."""
+        await self._start_qemu(self.argv(incoming=True))
+        try:
+            with trio.move_on_after(RESTORE_DEADLINE_S) as deadline:
+                await self._restore(progress, snapshot)
+        except BackendError as exc:
+            # QEMU exits when it cannot load a stream; its stderr says why.
+            with trio.move_on_after(1):
+                await self._exited.wait()
+                await self._stderr_done.wait()
+            if self._exited.is_set():
+                raise BackendError(f"QEMU exited while restoring: {self._death_reason()}") from exc
+            raise
+        if deadline.cancelled_caught:
+            raise BackendError(f"restoring the snapshot took over {int(RESTORE_DEADLINE_S)} s")
+        if self._exited.is_set():
+            raise BackendError(f"QEMU exited while restoring: {self._death_reason()}")
+        self.info = dataclasses.replace(self.info, boot="warm")
+
+    async def _restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
+        await self._connect()
+        assert self.qmp is not None
+        t0 = time.monotonic()
+        await load_memory(self.qmp, listen=self.rig_dir / "migrate.sock", memory=snapshot.memory,
+                          zstd=self.config.zstd)
+        loaded_s = time.monotonic() - t0
+        await self.qmp.execute("cont", timeout=self.grace)
+        progress("waiting for the guest agent")
+        hello = await self._hello()
+        await self._personalize(warm=True)
+        self.log.info("restored", extra={
+            "snapshot": snapshot.key, "load_s": round(loaded_s, 3),
+            "clock_skew_s": hello.get("clockSkewS"), "clock_set": hello.get("clockSet"),
+        })
+
+    async def _personalize(self, *, warm: bool) -> None:
+        """Give the guest its own machine-id, entropy and MAC (a clone shares the snapshot's)."""
+        guest = self.guest
+        assert guest is not None
+        rig_id = self.spec.rig_id
+        try:
+            body = await guest.request(
+                "reseed", timeout=self.grace, machineId=rig_machine_id(rig_id),
+                entropy=base64.b64encode(os.urandom(64)).decode(), mac=rig_mac(rig_id),
+            )
+        except GuestError as exc:
+            if warm:
+                raise BackendError(f"the restored guest could not be made unique: {exc.message}") from exc
+            self.log.warning("reseed failed", extra={"reason": exc.message[:200]})
+            return
+        problems = [f"{k}: {v}" for k, v in body.items() if k.endswith("Error")]
+        # An image without /etc has no machine-id to share; a failed write, or an
+        # RNG left as the snapshot had it, would leave this clone a twin.
+        if warm and (not body.get("crngReseeded") or "machineIdError" in body):
+            raise BackendError("the restored guest could not be made unique: " + ("; ".join(problems) or
+                                                                                  "the RNG was not reseeded"))
+        if problems:
+            self.log.warning("reseed incomplete", extra={"reason": "; ".join(problems)[:300]})
+
+    async def save(self, out: Path) -> int:
+        """Stop the machine and write its state to ``out``; return the bytes QEMU sent.
+
+        The guest syncs its disks first, so the snapshot's disk holds what its
+        page cache says; the agent channel stays connected, so the restored
+        agent is blocked in a read and answers the first hello at once.
+        """
+        guest, qmp = self.guest, self.qmp
+        assert guest is not None and qmp is not None
+        await guest.request("exec", timeout=30 + self.grace, argv=["sync"], timeoutMs=30_000)
+        await qmp.execute("stop", timeout=self.grace)
+        with trio.fail_after(120):
+            return await save_memory(qmp, listen=self.rig_dir / "save.sock", owner=self.identity,
+                                     out=out, zstd=self.config.zstd)
 
     async def _wait_sockets(self) -> None:
         names = ("qmp.sock", "agent.sock", "console.sock")
@@ -237,8 +657,8 @@ class SmolvmMachine:
                 raise BackendError(f"QEMU exited while starting: {self._death_reason()}")
             await trio.sleep(0.01)
 
-    async def _hello(self) -> None:
-        """Say hello until the agent answers.
+    async def _hello(self) -> dict[str, Any]:
+        """Say hello until the agent answers; return its answer.
 
         The agent announces itself with a ``ready`` line when it opens its
         port; a hello sent before that may sit unread or be lost, so a ready
@@ -267,6 +687,7 @@ class SmolvmMachine:
                 nursery.start_soon(on_ready, guest.ready_tick(), nursery.cancel_scope)
         kernel = answer[0].get("kernel")
         self.guest_kernel = kernel[:300] if isinstance(kernel, str) else None
+        return answer[0]
 
     async def _watch_process(self) -> None:
         assert self.proc is not None
@@ -277,12 +698,15 @@ class SmolvmMachine:
 
     async def _pump_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
-        async with self.proc.stderr:
-            while True:
-                data = await self.proc.stderr.receive_some(4096)
-                if not data:
-                    return
-                self.stderr.feed(data)
+        try:
+            async with self.proc.stderr:
+                while True:
+                    data = await self.proc.stderr.receive_some(4096)
+                    if not data:
+                        return
+                    self.stderr.feed(data)
+        finally:
+            self._stderr_done.set()
 
     async def _pump_console(self, *, task_status: trio.TaskStatus[None]) -> None:
         stream = await trio.open_unix_socket(str(self.rig_dir / "console.sock"))

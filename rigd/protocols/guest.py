@@ -166,6 +166,10 @@ def _is_number(value: object) -> bool:
     return type(value) in (int, float)
 
 
+def _is_str_list(value: object) -> bool:
+    return isinstance(value, list) and all(type(v) is str for v in value)
+
+
 def _is_truncated(value: object) -> bool:
     return isinstance(value, dict) and type(value.get("stdout")) is bool and type(value.get("stderr")) is bool
 
@@ -188,6 +192,12 @@ _REPLY_SHAPES: Final[Mapping[str, Mapping[str, tuple[_Check, str]]]] = {
         "timedOut": (_is_bool, "a boolean"),
         "truncated": (_is_truncated, "an object of two booleans stdout/stderr"),
         "durationMs": (_is_int, "an integer"),
+    },
+    "reseed": {
+        "entropyCredited": (_is_bool, "a boolean"),
+        "crngReseeded": (_is_bool, "a boolean"),
+        "machineIdFiles": (_is_str_list, "a list of strings"),
+        "macSet": (_is_str_list, "a list of strings"),
     },
     "pty_open": {"pty": (_is_int, "an integer")},
     "pty_in": {},

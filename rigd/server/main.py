@@ -29,7 +29,7 @@ from rigd.backends.smolvm import SmolvmBackend, SmolvmConfig
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.pack import ensure_pack
-from rigd.model import Accel, Surface
+from rigd.model import LIMITS, Accel, Surface
 from rigd.rigs import RigManager
 from rigd.server.app import MAX_INBOUND, ServerContext, create_app
 from rigd.server.methods import build_methods
@@ -49,6 +49,7 @@ class ServeConfig:
     qemu: str = "qemu-system-x86_64"
     memory_budget_mb: int = 12 * 1024
     reap_interval_s: float = 1.0
+    warm_starts: bool = True
 
 
 def default_data_dir() -> Path:
@@ -116,8 +117,12 @@ async def choose_accel(config: ServeConfig, assets: TerminalAssets) -> tuple[Acc
 
 
 async def _warm_pack(backend: SmolvmBackend) -> None:
+    """Unpack the default image and snapshot a booted machine of the default
+    shape now, so the first rig.open neither unpacks nor boots cold."""
+    limits = LIMITS[Surface.TERMINAL]
     try:
         await backend.pack(lambda step: log.info("pack: %s", step))
+        await backend.warm_snapshot(memory_mb=limits.memory_mb, vcpus=limits.vcpus)
     except RigdError as exc:
         log.error("could not prepare the terminal pack: %s", exc.message)
 
@@ -160,7 +165,8 @@ async def _serve(
         return rootfs
 
     backend = SmolvmBackend(
-        SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets, qemu=config.qemu),
+        SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets, qemu=config.qemu,
+                     warm_starts=config.warm_starts),
         ensure_pack=make_pack,
     )
     rigs = RigManager(
@@ -181,6 +187,7 @@ async def _serve(
     hyper.graceful_timeout = 2.0
 
     async with trio.open_nursery() as nursery:
+        await nursery.start(backend.run)
         await nursery.start(rigs.run)
         if accel is not None:
             # Unpack the default image now, so the first rig.open does not wait for it.

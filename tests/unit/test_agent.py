@@ -52,8 +52,8 @@ class AgentHarness:
         self.reader.start()
 
     @classmethod
-    def stdio(cls) -> AgentHarness:
-        argv = [sys.executable, "-I", str(AGENT), "--stdio"]
+    def stdio(cls, *extra: str) -> AgentHarness:
+        argv = [sys.executable, "-I", str(AGENT), "--stdio", *extra]
         # A variable in the agent's own environment must never reach its children.
         env = {**os.environ, "RIGD_TEST_LEAK": "leaked", "PYTHONHOME": sys.prefix}
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
