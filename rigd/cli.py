@@ -101,8 +101,8 @@ def _stream_bytes(stream: dict[str, Any]) -> bytes:
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from rigd.logs import setup
     from rigd.backends.snapshot import warm_starts_enabled
+    from rigd.logs import setup
     from rigd.server.main import ServeConfig, serve
 
     setup(args.log_level)
