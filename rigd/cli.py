@@ -98,6 +98,15 @@ def _stream_bytes(stream: dict[str, Any]) -> bytes:
     return base64.b64decode(stream.get("base64", ""))
 
 
+def _hostport(value: str | None, flag: str) -> tuple[str, int] | None:
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ClientError(f"{flag} takes HOST:PORT, e.g. 127.0.0.53:53")
+    return host.strip("[]"), int(port)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -112,6 +121,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache_dir=Path(args.cache_dir) if args.cache_dir else None, qemu=args.qemu,
         memory_budget_mb=args.memory_budget_mb, reap_interval_s=args.reap_interval,
         warm_starts=False if args.no_warm_starts else warm_starts_enabled(),
+        network=args.network, resolver=_hostport(args.resolver, "--resolver"),
+        upstream_netns=args.upstream_netns,
+        upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
     )
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve, config)
@@ -270,6 +282,12 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--memory-budget-mb", type=int, default=12 * 1024,
                     help="host-resident memory for all rigs together (default 12288)")
     sp.add_argument("--reap-interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    sp.add_argument("--network", choices=["auto", "none"], default="auto",
+                    help="auto: an egress gateway per rig when running as root; none: no network")
+    sp.add_argument("--resolver", help="HOST:PORT of the DNS server the gateways use for "
+                    "allowed names (default: the host's /etc/resolv.conf)")
+    sp.add_argument("--upstream-netns", help=argparse.SUPPRESS)
+    sp.add_argument("--upstream-ca", help="CA bundle for verifying brokered hosts (default: system CAs)")
     sp.add_argument("--no-warm-starts", action="store_true",
                     help="always boot cold (no per-pack memory snapshots)")
     sp.set_defaults(fn=cmd_serve)

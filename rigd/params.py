@@ -166,12 +166,6 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
         if not isinstance(raw_allow, list) or not all(isinstance(h, str) for h in raw_allow):
             raise FieldError("egress.allow", "must be a list of host names")
         allow = tuple(raw_allow)
-        if allow:
-            raise FieldError(
-                "egress.allow",
-                "this build gives rigs no network yet (the egress gateway is not built); "
-                "leave it empty",
-            )
     return OpenParams(
         workspace=workspace, surface=surface, conversation=conversation, engine=engine,
         backend=backend, display=display, memory_mb=memory_mb, vcpus=vcpus, ttl_s=ttl_s,

@@ -24,6 +24,8 @@ parked under a running command.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -38,8 +40,9 @@ from typing import Any
 
 import trio
 
+from netgate.policy import Policy, build_policy
 from rigd import lifecycle
-from rigd.backends.base import ExecResult, Machine, MachineBackend, MachineSpec
+from rigd.backends.base import ExecResult, Machine, MachineBackend, MachineSpec, NetSpec
 from rigd.backends.procs import proc_alive
 from rigd.errors import BackendError, Conflict, FieldError, Forbidden, NotFound, RigdError
 from rigd.events import EventBus
@@ -62,6 +65,8 @@ EXEC_OUTPUT_LIMIT = 2 * 1024 * 1024
 CONTROL_LEASE_S = 15 * 60
 WATCH_LAPSE_S = 10.0
 DEFAULT_MEMORY_BUDGET_MB = 12 * 1024
+#: Gateway decisions waiting to be written to a rig's audit log.
+NET_AUDIT_BUFFER = 1000
 
 TCG_NOTE = (
     "running under TCG (software emulation): not a security boundary; "
@@ -103,6 +108,9 @@ class LiveRig:
     watched_until: float | None = None
     lease_until: float | None = None
     last_agent: str | None = None
+    policy: Policy | None = None
+    net_audit: trio.MemorySendChannel[Any] | None = None
+    net_audit_dropped: int = 0
 
     @property
     def phase(self) -> Phase:
@@ -128,6 +136,7 @@ class RigManager:
         clock: Callable[[], float] = time.time,
         memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB,
         tick_s: float = 1.0,
+        network: str | None = None,
     ) -> None:
         self.stores = stores
         self.backends = backends
@@ -141,6 +150,8 @@ class RigManager:
         self._nursery: trio.Nursery | None = None
         self._open_locks: dict[tuple[str, str], trio.Lock] = {}
         self._admission = trio.Lock()
+        #: How rigs reach the network: "gateway" (netgate), or None (no network at all).
+        self.network = network
 
     # -- service lifetime -------------------------------------------------------
 
@@ -240,6 +251,11 @@ class RigManager:
         if live is not None and live.machine is not None:
             out["agentChannel"] = live.machine.channel_stats()
             out["residentMb"] = live.machine.resident_mb()
+            out["network"] = live.machine.network_info()
+        elif row.egress:
+            out["network"] = {"mode": "gateway", **json.loads(row.egress)}
+        else:
+            out["network"] = {"mode": "none"}
         if live is not None:
             now = self.clock()
             out["pins"] = self._state(live, now).pins(now)
@@ -291,10 +307,23 @@ class RigManager:
             )
         return self.rig_json(rig.row, rig)
 
+    def egress_policy(self, surface: Surface, allow: object, defaults: bool) -> Policy | None:
+        """The rig's allowlist (errors name ``egress.allow[i]``); None without a network."""
+        if self.network is None:
+            if allow:
+                raise FieldError(
+                    "egress.allow",
+                    "this server gives rigs no network: it runs without CAP_NET_ADMIN, and the "
+                    "rootless (QEMU user networking) mode is not built yet",
+                )
+            return None
+        return build_policy(surface.value, allow, defaults=defaults)
+
     async def _start(
         self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB
     ) -> LiveRig:
         assert self._nursery is not None, "RigManager.run is not running"
+        policy = self.egress_policy(params.surface, list(params.egress_allow), params.egress_defaults)
         async with self._admission:
             decision = plan_admission(
                 [self._state(r, self.clock()) for r in self.live.values()],
@@ -307,10 +336,11 @@ class RigManager:
                 if rig is not None:
                     await self._reap(rig, CloseReason.IDLE_TIMEOUT,
                                      f"evicted to make room in the {self.memory_budget_mb} MB budget")
-            return await self._create(caller, params, ws_id, db)
+            return await self._create(caller, params, ws_id, db, policy)
 
     async def _create(
-        self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB
+        self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB,
+        policy: Policy | None,
     ) -> LiveRig:
         assert self._nursery is not None
         now = utcnow()
@@ -328,11 +358,12 @@ class RigManager:
             controller_kind=None, controller_id=None, created_at=iso(now),
             last_active_at=iso(now), expires_at=iso(now + timedelta(seconds=params.ttl_s)),
             closed_at=None, pid=None, pid_start_ticks=None, console_tail=None,
+            egress=_egress_json(policy, params.egress_defaults),
         )
         await self.stores.run(db.insert_rig, row)
         await self.stores.run(self.stores.server.index_rig, rig_id, ws_id)
         rig = LiveRig(row=row, db=db, params=params, last_active=self.clock(),
-                      expires_at=self.clock() + params.ttl_s)
+                      expires_at=self.clock() + params.ttl_s, policy=policy)
         if caller.actor_kind == "agent":
             rig.last_agent = caller.actor_id
         self.live[rig_id] = rig
@@ -346,8 +377,16 @@ class RigManager:
         self, rig: LiveRig, backend: MachineBackend, *, task_status: trio.TaskStatus[None]
     ) -> None:
         row = rig.row
+        network = None
+        if rig.policy is not None:
+            send, receive = trio.open_memory_channel[Any](NET_AUDIT_BUFFER)
+            rig.net_audit = send
+            assert self._nursery is not None
+            self._nursery.start_soon(self._net_audit_writer, rig, receive)
+            network = NetSpec(policy=rig.policy, audit=self._net_audit_sink(rig),
+                              workspace=row.workspace_id)
         spec = MachineSpec(rig_id=row.id, surface=Surface(row.surface),
-                           memory_mb=row.memory_mb, vcpus=row.vcpus)
+                           memory_mb=row.memory_mb, vcpus=row.vcpus, network=network)
         progress = self._progress_for(rig)
         try:
             with trio.CancelScope() as scope:
@@ -373,9 +412,74 @@ class RigManager:
             rig.machine = None
             rig.settled.set()
             rig.finished.set()
-            if rig.phase is Phase.FAILED:
-                # Keep the row; the rig stays visible as failed until closed.
+            if rig.net_audit is not None:
+                rig.net_audit.close()
+
+    # -- the gateway's decisions, into the rig's audit log ------------------------------
+
+    def _net_audit_sink(self, rig: LiveRig) -> Callable[[Any], None]:
+        def sink(event: Any) -> None:
+            # Called by the gateway, on the event loop; must not block. A
+            # guest flooding DNS cannot grow the server's memory: past the
+            # buffer, decisions are counted, not kept.
+            if rig.net_audit is None:
+                return
+            try:
+                rig.net_audit.send_nowait(event)
+            except trio.WouldBlock:
+                rig.net_audit_dropped += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+
+        return sink
+
+    async def _net_audit_writer(self, rig: LiveRig, receive: trio.MemoryReceiveChannel[Any]) -> None:
+        noted = 0
+        async with receive:
+            async for event in receive:
+                args = {k: v for k, v in dataclasses.asdict(event).items() if v not in (None, 0, 0.0)}
+                if rig.net_audit_dropped > noted:
+                    args["droppedBefore"] = rig.net_audit_dropped - noted
+                    noted = rig.net_audit_dropped
+                seq = await self.stores.run(
+                    rig.db.begin_action, rig.row.id, actor_kind="gateway", actor_id="netgate",
+                    tool="netgate", verb=f"{event.kind}_{event.phase}", args=args,
+                )
+                await self.stores.run(
+                    rig.db.finish_action, rig.row.id, seq,
+                    outcome="ok" if event.allowed else "refused",
+                    error=None if event.allowed else str(event.reason)[:300], duration_ms=int(
+                        float(getattr(event, "duration_s", 0) or 0) * 1000),
+                )
+
+    # -- rig.egress ------------------------------------------------------------------------
+
+    async def set_egress(self, caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"rigId", "allow", "defaults"})
+        rig_id = ident(params, "rigId")
+        assert rig_id is not None
+        allow = params.get("allow", [])
+        if not isinstance(allow, list) or not all(isinstance(h, str) for h in allow):
+            raise FieldError("allow", "must be a list of host names")
+        defaults = params.get("defaults", True)
+        if not isinstance(defaults, bool):
+            raise FieldError("defaults", "must be true or false")
+        row, _db, rig = await self._visible(caller, rig_id)
+        if rig is None or rig.machine is None:
+            raise Conflict(f"rig {rig_id} is {row.phase}; its allowlist can change only while it runs")
+        self._check_control(rig, caller)
+        try:
+            policy = self.egress_policy(Surface(row.surface), allow, defaults)
+        except FieldError as exc:
+            raise FieldError(exc.field.replace("egress.", "", 1), exc.reason) from exc
+        if policy is None:
+            raise FieldError("allow", "this rig has no network")
+        rig.machine.set_egress(policy)
+        rig.policy = policy
+        await self.audit_event(rig, caller, "egress", {"allow": allow, "defaults": defaults})
+        await self._update(rig, egress=_egress_json(policy, defaults))
+        return {"rigId": rig_id, "allow": list(policy.allow), "defaults": defaults}
 
     def _progress_for(self, rig: LiveRig) -> Callable[[str], None]:
         def apply(detail: str) -> None:
@@ -882,6 +986,12 @@ async def _kill_pid(pid: int, ticks: int | None) -> None:
         # Not our child (its parent was the crashed server): nothing to wait on but /proc.
         while trio.current_time() < deadline and proc_alive(pid, ticks):  # noqa: ASYNC110
             await trio.sleep(0.05)
+
+
+def _egress_json(policy: Policy | None, defaults: bool) -> str | None:
+    if policy is None:
+        return None
+    return json.dumps({"allow": list(policy.allow), "defaults": defaults})
 
 
 def _iso_at(epoch: float) -> str:

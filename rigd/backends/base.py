@@ -19,11 +19,23 @@ from rigd.model import Accel, Backend, Surface
 
 
 @dataclass(frozen=True, slots=True)
+class NetSpec:
+    """A rig's egress: its gateway policy (``netgate.policy.Policy``), where the
+    gateway's decisions go (a non-blocking callback), and its workspace (for
+    the credential broker)."""
+
+    policy: Any
+    audit: Callable[[Any], None]
+    workspace: str
+
+
+@dataclass(frozen=True, slots=True)
 class MachineSpec:
     rig_id: str
     surface: Surface
     memory_mb: int
     vcpus: int
+    network: NetSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +108,14 @@ class Machine(Protocol):
 
     async def park(self) -> None:
         """Stop the vCPUs; memory stays resident."""
+        ...
+
+    def set_egress(self, policy: Any) -> None:
+        """Replace the live allowlist (``netgate.policy.Policy``); in force at once."""
+        ...
+
+    def network_info(self) -> dict[str, Any]:
+        """How the machine reaches the network (mode, allowlist); ``{"mode": "none"}`` if not."""
         ...
 
     async def wake(self) -> None:

@@ -26,6 +26,7 @@ class FakeMachine:
     rss_mb: int = 100
     calls: list[list[str]] = field(default_factory=list)
     performed: list[str] = field(default_factory=list)
+    policy: Any = None
 
     async def exec(
         self,
@@ -69,6 +70,13 @@ class FakeMachine:
     async def park(self) -> None:
         self.parked = True
 
+    def set_egress(self, policy: Any) -> None:
+        self.policy = policy
+
+    def network_info(self) -> dict[str, Any]:
+        allow = list(getattr(self.policy, "allow", ())) if self.policy is not None else []
+        return {"mode": "fake", "allow": allow}
+
     async def wake(self) -> None:
         self.parked = False
 
@@ -97,7 +105,7 @@ class FakeBackend:
             raise BackendError(self.fail_boot, console="fake console: boot failed")
         info = MachineInfo(Backend.SMOLVM, Accel.TCG, pid=None, pid_start_ticks=None,
                            image="sha256:fake", security_boundary=False)
-        machine = FakeMachine(spec, info)
+        machine = FakeMachine(spec, info, policy=spec.network.policy if spec.network else None)
         self.machines.append(machine)
         try:
             yield machine

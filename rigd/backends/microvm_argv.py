@@ -114,6 +114,7 @@ def microvm_argv(
     mac: str | None = None,
     nic_netdev: str | None = None,
     incoming: str | None = None,
+    netdev: str | None = None,
 ) -> list[str]:
     """Return the argv (``argv[0] == qemu``) that boots one terminal rig.
 
@@ -121,7 +122,8 @@ def microvm_argv(
     int to fix it (tests) or ``None`` to leave it out. ``mac`` (lower-case,
     ``02:…`` style) is the rig's own; it reaches a ``virtio-net`` device only
     when ``nic_netdev`` names a ``-netdev`` the caller adds. ``incoming``
-    (``"defer"``) makes QEMU wait for ``migrate-incoming`` on QMP.
+    (``"defer"``) makes QEMU wait for ``migrate-incoming`` on QMP. ``netdev``
+    is a ``-netdev`` value added verbatim (the egress gateway's tap, by fd).
     """
     if accel not in _ACCELS:
         raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
@@ -207,6 +209,10 @@ def microvm_argv(
         "-device",
         f"virtio-balloon-{bus},free-page-reporting=on",
     ]
+    if netdev is not None:
+        # The backend (e.g. "tap,id=net0,fd=3,vhost=off") is the caller's:
+        # the tap is made by the egress gateway (netgate), never by QEMU.
+        argv += ["-netdev", netdev]
     if nic_netdev is not None:
         argv += ["-device", f"virtio-net-{bus},netdev={_esc(nic_netdev)},mac={mac}"]
     if incoming is not None:

@@ -37,6 +37,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -47,7 +48,11 @@ from typing import Any
 
 import trio
 
-from rigd.backends.base import ExecResult, MachineInfo, MachineSpec
+from netgate.broker import SecretStore
+from netgate.gateway import Gateway, GatewayError, close_fd, open_gateway
+from netgate.policy import build_policy
+from netgate.topology import ADDRESSING
+from rigd.backends.base import ExecResult, MachineInfo, MachineSpec, NetSpec
 from rigd.backends.confine import Identity, UidPool, give, make_private_dir, make_shared_dir
 from rigd.backends.guest_client import GuestConnection, iterate
 from rigd.backends.microvm_argv import microvm_argv
@@ -99,6 +104,23 @@ class SmolvmConfig:
     zstd: str = "zstd"
     #: Restore rigs from per-pack memory snapshots (``RIGD_WARM_STARTS=0`` turns it off).
     warm_starts: bool = dataclasses.field(default_factory=warm_starts_enabled)
+    #: Give every rig a NIC behind its own egress gateway (None: no network at all).
+    network: NetworkConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkConfig:
+    """How rigs reach the network: through netgate, one gateway namespace per rig."""
+
+    #: Upstream DNS server for the gateway's own lookups (None: /etc/resolv.conf).
+    resolver: tuple[str, int] | None = None
+    #: Dial out of this namespace instead of the server's (tests: the fake internet).
+    upstream_netns: str | None = None
+    #: The credential broker (secrets injected for bound hosts).
+    broker: SecretStore | None = None
+    prefix: str = "rigd"
+    #: CA bundle for verifying brokered hosts (None: the system's CAs).
+    upstream_ca: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +145,30 @@ def rig_argv(
     kernel: Path | None = None,
     initrd: Path | None = None,
     tools: Path | None = None,
+    tap_fd: int | str | None = None,
 ) -> list[str]:
-    """The QEMU command line of a rig (asset paths overridable for the key's placeholders)."""
+    """The QEMU command line of a rig (asset paths overridable for the key's placeholders).
+
+    With networking on, the NIC's backend is the gateway's tap, passed by fd
+    (``tap_fd``; ``"@fd"`` in a snapshot key), and the guest is told its
+    addresses on the kernel command line (``rigd.net=``, read by the tools
+    disk's init).
+    """
     assets = config.assets
+    net: dict[str, Any] = {}
+    if config.network is not None:
+        a = ADDRESSING
+        net = {
+            "netdev": f"tap,id=net0,fd={tap_fd},vhost=off",
+            "nic_netdev": "net0",
+            "cmdline_extra": [f"rigd.net={a.guest}/{a.prefixlen},{a.gateway},{a.dns}"],
+        }
     return microvm_argv(
         qemu=config.qemu, accel=str(config.accel), memory_mb=memory_mb, vcpus=vcpus,
         kernel=kernel or assets.kernel, initrd=initrd or assets.initrd, root_disk=overlay,
         tools_disk=tools or assets.tools, qmp_socket=rig_dir / "qmp.sock",
         agent_socket=rig_dir / "agent.sock", console_socket=rig_dir / "console.sock",
-        mac=mac, incoming="defer" if incoming else None,
+        mac=mac, incoming="defer" if incoming else None, **net,
     )
 
 
@@ -244,8 +281,8 @@ class SmolvmBackend:
         assets = self.config.assets
         shape = rig_argv(
             self.config, memory_mb=memory_mb, vcpus=vcpus, rig_dir=Path("/@rig"),
-            overlay=Path("/@disk"), mac=None, kernel=Path("/@kernel"), initrd=Path("/@initrd"),
-            tools=Path("/@tools"),
+            overlay=Path("/@disk"), mac=None if self.config.network is None else "02:00:00:00:00:00",
+            kernel=Path("/@kernel"), initrd=Path("/@initrd"), tools=Path("/@tools"), tap_fd="@fd",
         )
         material = snapshot_material(
             pack=rootfs.parent.name,
@@ -323,10 +360,13 @@ class SmolvmBackend:
                                    memory_mb=memory_mb, vcpus=vcpus)
                 log.info("building a snapshot", extra={"memory_mb": memory_mb, "vcpus": vcpus})
                 failure: RigdError | OSError | None = None
-                async with trio.open_nursery() as nursery:
+                async with (
+                    self._gateway(f"snapshot-{key}", None, _no_progress) as gateway,
+                    trio.open_nursery() as nursery,
+                ):
                     machine = SmolvmMachine(
                         spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
-                        overlay=disk, log=log, nursery=nursery,
+                        overlay=disk, log=log, nursery=nursery, gateway=gateway,
                     )
                     machine.on_started = functools.partial(_write_pidfile, pidfile)
                     try:
@@ -361,6 +401,44 @@ class SmolvmBackend:
     async def open_machine(
         self, spec: MachineSpec, progress: Callable[[str], None]
     ) -> AsyncIterator[SmolvmMachine]:
+        async with (
+            self._gateway(spec.rig_id, spec.network, progress) as gateway,
+            self._open_machine(spec, progress, gateway) as machine,
+        ):
+            yield machine
+
+    @asynccontextmanager
+    async def _gateway(
+        self, rig_id: str, net: NetSpec | None, progress: Callable[[str], None]
+    ) -> AsyncIterator[Gateway | None]:
+        """The rig's egress gateway for the machine's whole life (None: no network)."""
+        cfg = self.config.network
+        if cfg is None:
+            yield None
+            return
+        progress("opening the egress gateway")
+        policy = net.policy if net is not None else build_policy("computer", defaults=False)
+        broker = None
+        if cfg.broker is not None and net is not None:
+            has_secrets = await trio.to_thread.run_sync(cfg.broker.list, net.workspace)
+            broker = cfg.broker if has_secrets else None
+        try:
+            async with open_gateway(
+                rig_id, policy, audit=net.audit if net is not None else _drop_audit,
+                resolver_address=cfg.resolver, upstream_netns=cfg.upstream_netns, broker=broker,
+                workspace=net.workspace if net is not None else None, prefix=cfg.prefix,
+                guest_mac=rig_mac(rig_id),
+                upstream_ssl=ssl.create_default_context(cafile=str(cfg.upstream_ca))
+                if cfg.upstream_ca is not None else None,
+            ) as gateway:
+                yield gateway
+        except GatewayError as exc:
+            raise BackendError(f"the egress gateway failed: {exc}") from exc
+
+    @asynccontextmanager
+    async def _open_machine(
+        self, spec: MachineSpec, progress: Callable[[str], None], gateway: Gateway | None
+    ) -> AsyncIterator[SmolvmMachine]:
         log = logging.getLogger(f"rigd.rig.{spec.rig_id}")
         identity = self.uids.acquire()
         rig_dir = self.state_dir / spec.rig_id
@@ -388,7 +466,7 @@ class SmolvmBackend:
                     async with trio.open_nursery() as nursery:
                         machine = SmolvmMachine(
                             spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
-                            overlay=overlay, log=log, nursery=nursery,
+                            overlay=overlay, log=log, nursery=nursery, gateway=gateway,
                         )
                         try:
                             try:
@@ -421,7 +499,7 @@ class SmolvmBackend:
             async with trio.open_nursery() as nursery:
                 machine = SmolvmMachine(
                     spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
-                    overlay=overlay, log=log, nursery=nursery,
+                    overlay=overlay, log=log, nursery=nursery, gateway=gateway,
                 )
                 try:
                     try:
@@ -455,6 +533,10 @@ class SmolvmBackend:
 
 
 def _no_progress(_step: str) -> None:
+    pass
+
+
+def _drop_audit(_event: Any) -> None:
     pass
 
 
@@ -494,8 +576,10 @@ class SmolvmMachine:
         overlay: Path,
         log: logging.Logger,
         nursery: trio.Nursery,
+        gateway: Gateway | None = None,
     ) -> None:
         self.spec = spec
+        self.gateway = gateway
         self.config = config
         self.identity = identity
         self.rig_dir = rig_dir
@@ -522,24 +606,31 @@ class SmolvmMachine:
 
     # -- boot ---------------------------------------------------------------
 
-    def argv(self, *, incoming: bool = False) -> list[str]:
+    def argv(self, *, incoming: bool = False, tap_fd: int | None = None) -> list[str]:
         return rig_argv(
             self.config, memory_mb=self.spec.memory_mb, vcpus=self.spec.vcpus, rig_dir=self.rig_dir,
-            overlay=self.overlay, mac=rig_mac(self.spec.rig_id), incoming=incoming,
+            overlay=self.overlay, mac=rig_mac(self.spec.rig_id), incoming=incoming, tap_fd=tap_fd,
         )
 
-    async def _start_qemu(self, argv: list[str]) -> None:
+    async def _start_qemu(self, *, incoming: bool = False) -> None:
         ident = self.identity
         extra: dict[str, Any] = {}
         if ident.per_rig:
             extra = {"user": ident.uid, "group": ident.gid, "extra_groups": list(ident.extra_groups)}
+        # The gateway makes the tap inside its namespace; QEMU only gets the fd.
+        tap_fd = await self.gateway.open_tap_fd() if self.gateway is not None else None
+        argv = self.argv(incoming=incoming, tap_fd=tap_fd)
         try:
             self.proc = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, start_new_session=True, cwd=str(self.rig_dir), **extra,
+                stderr=subprocess.PIPE, start_new_session=True, cwd=str(self.rig_dir),
+                pass_fds=(tap_fd,) if tap_fd is not None else (), **extra,
             )
         except OSError as exc:
             raise BackendError(f"cannot start QEMU ({argv[0]}): {exc.strerror}") from exc
+        finally:
+            if tap_fd is not None:
+                close_fd(tap_fd)
         self.info = dataclasses.replace(
             self.info, pid=self.proc.pid, pid_start_ticks=proc_start_ticks(self.proc.pid)
         )
@@ -562,7 +653,7 @@ class SmolvmMachine:
 
     async def boot(self, progress: Callable[[str], None], *, personalize: bool = True) -> None:
         """Cold boot: the kernel starts from scratch."""
-        await self._start_qemu(self.argv())
+        await self._start_qemu()
         with trio.move_on_after(self.boot_deadline) as deadline:
             await self._connect()
             progress("waiting for the guest agent")
@@ -577,7 +668,7 @@ class SmolvmMachine:
 
     async def restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
         """Warm start: QEMU waits for a migration stream; the host feeds it the snapshot."""
-        await self._start_qemu(self.argv(incoming=True))
+        await self._start_qemu(incoming=True)
         try:
             with trio.move_on_after(RESTORE_DEADLINE_S) as deadline:
                 await self._restore(progress, snapshot)
@@ -612,9 +703,12 @@ class SmolvmMachine:
         })
 
     async def _personalize(self, *, warm: bool) -> None:
-        """Give the guest its own machine-id, entropy and MAC (a clone shares the snapshot's)."""
+        """Give the guest its own machine-id, entropy and MAC (a clone shares the
+        snapshot's), and its gateway's CA when the broker may intercept TLS."""
         guest = self.guest
         assert guest is not None
+        if self.gateway is not None and self.gateway.ca_pem is not None:
+            await self._trust_ca(self.gateway.ca_pem)
         rig_id = self.spec.rig_id
         try:
             body = await guest.request(
@@ -634,6 +728,32 @@ class SmolvmMachine:
                                                                                   "the RNG was not reseeded"))
         if problems:
             self.log.warning("reseed incomplete", extra={"reason": "; ".join(problems)[:300]})
+
+    async def _trust_ca(self, pem: str) -> None:
+        """Install the rig's broker CA in the guest's trust store (only that CA;
+        it signs leaves only for the hosts whose secrets the gateway injects)."""
+        script = (
+            "mkdir -p /usr/local/share/ca-certificates && "
+            "cat > /usr/local/share/ca-certificates/rigd-gateway.crt && "
+            "{ update-ca-certificates >/dev/null 2>&1 || "
+            "cat /usr/local/share/ca-certificates/rigd-gateway.crt >> /etc/ssl/certs/ca-certificates.crt; }"
+        )
+        result = await self.exec(["/bin/sh", "-c", script], cwd=None, env=None,
+                                 stdin=pem.encode(), timeout_s=60, max_output=4096)
+        if result.exit_code != 0:
+            self.log.warning("could not install the gateway CA in the guest",
+                             extra={"stderr": result.stderr[-200:].decode(errors="replace")})
+
+    def set_egress(self, policy: Any) -> None:
+        if self.gateway is None:
+            raise BackendError("this rig has no network (the server runs without CAP_NET_ADMIN)")
+        self.gateway.set_allowlist(policy)
+
+    def network_info(self) -> dict[str, Any]:
+        if self.gateway is None:
+            return {"mode": "none"}
+        return {"mode": "gateway", "allow": list(self.gateway.policy.allow),
+                "brokered": self.gateway.ca_pem is not None}
 
     async def save(self, out: Path) -> int:
         """Stop the machine and write its state to ``out``; return the bytes QEMU sent.

@@ -9,6 +9,7 @@ known). Shutdown (SIGINT/SIGTERM): stop accepting, close every rig with
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -22,10 +23,12 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hyper_serve
 
+from netgate.broker import SecretStore
+from netgate.topology import cleanup_leftovers
 from rigd.auth import Signer, load_or_create_key
 from rigd.backends.accel import native_accel, probe
 from rigd.backends.confine import check_reachable, make_shared_dir
-from rigd.backends.smolvm import SmolvmBackend, SmolvmConfig
+from rigd.backends.smolvm import NetworkConfig, SmolvmBackend, SmolvmConfig
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.pack import ensure_pack
@@ -50,6 +53,11 @@ class ServeConfig:
     memory_budget_mb: int = 12 * 1024
     reap_interval_s: float = 1.0
     warm_starts: bool = True
+    #: "auto": a gateway per rig when the server may manage network namespaces; "none": no network.
+    network: str = "auto"
+    resolver: tuple[str, int] | None = None
+    upstream_netns: str | None = None
+    upstream_ca: Path | None = None
 
 
 def default_data_dir() -> Path:
@@ -116,6 +124,32 @@ async def choose_accel(config: ServeConfig, assets: TerminalAssets) -> tuple[Acc
     return None, problem
 
 
+def gateway_prefix(data_dir: Path) -> str:
+    """Names of this server's network objects start with this (2-4 characters):
+    derived from the data directory, so one server's crash recovery never
+    touches another server's gateways on the same host."""
+    return "r" + hashlib.sha256(str(data_dir).encode()).hexdigest()[:3]
+
+
+async def _network(config: ServeConfig, data_dir: Path) -> tuple[NetworkConfig | None, SecretStore | None]:
+    """Rootful gateways when we may manage namespaces; otherwise no network (said loudly)."""
+    if config.network == "none":
+        return None, None
+    missing = [t for t in ("ip", "nft") if shutil.which(t) is None]
+    if os.geteuid() != 0 or missing:
+        why = "not running as root (no CAP_NET_ADMIN)" if os.geteuid() != 0 else (
+            f"missing {', '.join(missing)}")
+        log.warning("rigs get no network: %s; the rootless mode is not built yet", why)
+        return None, None
+    prefix = gateway_prefix(data_dir)
+    removed = await trio.to_thread.run_sync(lambda: cleanup_leftovers(prefix, keep=()))
+    if removed.namespaces or removed.links:
+        log.info("removed network objects a previous server left: %s", removed)
+    broker = SecretStore(data_dir)
+    return NetworkConfig(resolver=config.resolver, upstream_netns=config.upstream_netns,
+                         broker=broker, prefix=prefix, upstream_ca=config.upstream_ca), broker
+
+
 async def _warm_pack(backend: SmolvmBackend) -> None:
     """Unpack the default image and snapshot a booted machine of the default
     shape now, so the first rig.open neither unpacks nor boots cold."""
@@ -164,18 +198,20 @@ async def _serve(
             os.chmod(rootfs, 0o444)
         return rootfs
 
+    network, broker = await _network(config, data_dir)
     backend = SmolvmBackend(
         SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets, qemu=config.qemu,
-                     warm_starts=config.warm_starts),
+                     warm_starts=config.warm_starts, network=network),
         ensure_pack=make_pack,
     )
     rigs = RigManager(
         stores, {Surface.TERMINAL: backend}, accel=accel, accel_problem=problem,
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
+        network="gateway" if network is not None else None,
     )
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
-    dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url))
+    dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker))
     app = create_app(ServerContext(stores, rigs, dispatcher, signer))
 
     hyper = HyperConfig()

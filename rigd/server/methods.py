@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
+from netgate.broker import SecretStore
 from rigd import __version__
 from rigd.errors import FieldError, NotFound
 from rigd.model import BUILT_SURFACES
@@ -14,7 +17,9 @@ from rigd.store.aio import Stores
 from rigd.tools import Tools
 
 
-def build_methods(stores: Stores, rigs: RigManager, signer: Any, base_url: list[str]) -> dict[str, Method]:
+def build_methods(
+    stores: Stores, rigs: RigManager, signer: Any, base_url: list[str], broker: SecretStore | None = None
+) -> dict[str, Method]:
     server = stores.server
     tools = Tools(rigs)
 
@@ -117,6 +122,50 @@ def build_methods(stores: Stores, rigs: RigManager, signer: Any, base_url: list[
             "memoryBudgetMb": rigs.memory_budget_mb,
         }
 
+    async def _secret_workspace(caller: Caller, params: dict[str, Any]) -> str:
+        if broker is None:
+            raise FieldError("method", "this server has no credential broker (rigs have no network)")
+        ref = string(params, "workspace", max_len=128)
+        assert ref is not None
+        ws = await stores.run(server.resolve_workspace, caller.user.id, ref)
+        return ws.id
+
+    async def secret_set(caller: Caller, raw: object) -> dict[str, Any]:
+        """Store a secret for the gateway to inject; its value is never returned or logged."""
+        params = obj(raw)
+        no_extra(params, {"workspace", "name", "value", "hosts", "header", "template"})
+        ws_id = await _secret_workspace(caller, params)
+        name = ident(params, "name")
+        value = params.get("value")
+        if not isinstance(value, str) or not value or len(value) > 16384:
+            raise FieldError("value", "must be a non-empty string of at most 16384 characters")
+        hosts = params.get("hosts")
+        if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
+            raise FieldError("hosts", "must be a non-empty list of host patterns")
+        header = string(params, "header", required=False, max_len=64) or "Authorization"
+        template = string(params, "template", required=False, max_len=256) or "Bearer {value}"
+        assert broker is not None and name is not None
+        entry = await trio.to_thread.run_sync(
+            lambda: broker.put(ws_id, name, value, hosts, header=header, template=template))
+        return {"workspace": ws_id, "name": name, "hosts": list(entry.hosts), "header": header}
+
+    async def secret_list(caller: Caller, raw: object) -> list[dict[str, Any]]:
+        params = obj(raw)
+        no_extra(params, {"workspace"})
+        ws_id = await _secret_workspace(caller, params)
+        assert broker is not None
+        entries = await trio.to_thread.run_sync(broker.list, ws_id)
+        return [{"name": e.name, "hosts": list(e.hosts), "header": e.header} for e in entries]
+
+    async def secret_delete(caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"workspace", "name"})
+        ws_id = await _secret_workspace(caller, params)
+        name = ident(params, "name")
+        assert broker is not None and name is not None
+        await trio.to_thread.run_sync(broker.delete, ws_id, name)
+        return {"workspace": ws_id, "name": name, "deleted": True}
+
     async def server_configure(caller: Caller, raw: object) -> dict[str, Any]:
         params = obj(raw)
         no_extra(params, {"memoryBudgetMb"})
@@ -144,6 +193,10 @@ def build_methods(stores: Stores, rigs: RigManager, signer: Any, base_url: list[
         "rig.log": Method(rigs.actions),
         "rig.terminalUrl": Method(terminal_url),
         "rig.control": Method(rigs.control),
+        "rig.egress": Method(rigs.set_egress),
+        "secret.set": Method(secret_set),
+        "secret.list": Method(secret_list),
+        "secret.delete": Method(secret_delete),
         "rig.watch": Method(rigs.watch),
         "rig.park": Method(rigs.park),
         "rig.retry": Method(rigs.retry),

@@ -86,6 +86,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX rig_events_rig ON rig_events(rig_id, id);
     """,
+    # v3: the rig's egress allowlist (JSON), as last set
+    """
+    ALTER TABLE rig_sessions ADD COLUMN egress TEXT;
+    """,
 ]
 
 
@@ -122,6 +126,7 @@ class RigRow:
     pid: int | None
     pid_start_ticks: int | None
     console_tail: str | None
+    egress: str | None = None
 
 
 _RIG_COLUMNS = [f.name for f in fields(RigRow)]

@@ -152,8 +152,9 @@ def test_later_rigs_are_restored_unique_and_isolated(warm: tuple[Server, Path]) 
             seen.append(opening["phaseDetail"])
     print(f"phaseDetail of a warm start: {seen}")
     assert opening["phase"] == "ready" and "booting kernel" not in seen
-    assert set(seen) <= {"queued", "checking image", "creating disk overlay", "restoring snapshot",
-                         "waiting for the guest agent", "ready"}
+    assert set(seen) <= {"queued", "opening the egress gateway", "checking image",
+                         "creating disk overlay", "restoring snapshot", "waiting for the guest agent",
+                         "ready"}
     srv.call("rig.close", {"rigId": opening["id"]})
 
     # The clock was stale in the snapshot; hello set it.
@@ -255,13 +256,13 @@ def test_a_snapshot_build_left_by_a_killed_server_is_killed_at_restart() -> None
 
         second = start_server(data_dir)
         deadline = time.monotonic() + 30
-        while qemu_pids_for(str(data_dir)) and time.monotonic() < deadline:
+        while set(builders) & set(qemu_pids_for(str(data_dir))) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert qemu_pids_for(str(data_dir)) == []
-        assert not list((data_dir / "rigs" / "smolvm").glob("snap_*"))
-        assert snapshots(rootfs) == []  # the half-built one never got a final name
+        # The orphan is gone; the new server may already be building afresh
+        # (it snapshots the default shape at start), which is the retry.
+        assert not set(builders) & set(qemu_pids_for(str(data_dir)))
         assert second.call("rig.get", {"rigId": rig["id"]})["phase"] == "closed"
-        again = open_terminal(second)  # cold again; the build is retried
+        again = open_terminal(second)
         wait_snapshot(rootfs)
         assert not [p.name for p in (rootfs.parent / "snapshots").iterdir() if p.name.startswith(".tmp-")]
         second.call("rig.close", {"rigId": again["id"]})
