@@ -39,13 +39,17 @@ import ipaddress
 import os
 import re
 import struct
-from collections.abc import Iterable
+import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pyroute2 import IPRoute, NetNS, netns
+from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from netgate.netns import NETNS_DIR, run_in_netns
+
+T = TypeVar("T")
 
 GUEST_IF = "guest0"
 DEFAULT_PREFIX = "rigd"
@@ -117,7 +121,7 @@ class Naming:
         return "02:" + ":".join(f"{b:02x}" for b in h[:5])
 
 
-def _lookup(ipr: IPRoute | NetNS, ifname: str) -> int | None:
+def _lookup(ipr: IPRoute, ifname: str) -> int | None:
     found = ipr.link_lookup(ifname=ifname)
     return int(found[0]) if found else None
 
@@ -136,14 +140,44 @@ def _harden_sysctls(ifname: str | None) -> None:
         _write_sysctl(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6", "1")
 
 
+def in_netns(name: str, fn: Callable[[IPRoute], T]) -> T:
+    """Run ``fn(ipr)`` with an ``IPRoute`` whose socket lives in namespace ``name``.
+
+    pyroute2's own namespace support (``NetNS``, ``IPRoute(netns=…)``,
+    ``netns.create``) forks the server to open the socket. A fork of a
+    multi-threaded process that has Python signal handlers (the server's
+    SIGTERM handler) can hang for good: the child inherits the handler,
+    ignores the SIGTERM pyroute2 sends it, and pyroute2 waits for it forever.
+    Here a thread enters the namespace (``setns``) and opens a plain
+    ``IPRoute`` there; nothing forks.
+    """
+
+    def body() -> T:
+        with IPRoute() as ipr:
+            return fn(ipr)
+
+    return run_in_netns(name, body)
+
+
 def create_namespace(name: str) -> None:
-    """Create an empty namespace with ``lo`` up (fails if it exists)."""
-    netns.create(name)
+    """Create an empty namespace with ``lo`` up (fails if it exists).
+
+    ``ip netns add`` (fork + exec of a C program: no Python runs in the
+    child) makes and pins the namespace; see :func:`in_netns` for why not
+    pyroute2's ``netns.create``.
+    """
+    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["ip", "netns", "add", name], capture_output=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise OSError(f"ip netns add {name}: {proc.stderr.decode(errors='replace').strip()}")
+
+    def lo_up(ipr: IPRoute) -> None:
+        lo = _lookup(ipr, "lo")
+        if lo is not None:
+            ipr.link("set", index=lo, state="up")
+
     try:
-        with NetNS(name) as ns:
-            lo = _lookup(ns, "lo")
-            if lo is not None:
-                ns.link("set", index=lo, state="up")
+        in_netns(name, lo_up)
     except BaseException:
         remove_namespace(name)
         raise
@@ -169,7 +203,7 @@ def create_gateway_namespace(naming: Naming) -> str:
 
 def _configure_guest_link(ns_name: str, ifname: str, addressing: GuestAddressing,
                           guest_mac: str | None) -> None:
-    with NetNS(ns_name) as ns:
+    def configure(ns: IPRoute) -> None:
         idx = _lookup(ns, ifname)
         if idx is None:
             raise RuntimeError(f"{ifname} not found in {ns_name}")
@@ -181,6 +215,8 @@ def _configure_guest_link(ns_name: str, ifname: str, addressing: GuestAddressing
             # A permanent neighbour: the gateway never believes ARP about the guest's address.
             ns.neigh("add", dst=str(addressing.guest), lladdr=guest_mac, ifindex=idx, state="permanent")
         ns.link("set", index=idx, state="up")
+
+    in_netns(ns_name, configure)
     run_in_netns(ns_name, _harden_sysctls, GUEST_IF)
 
 
@@ -249,13 +285,15 @@ def attach_veth(naming: Naming, peer_ns: str, peer_if: str = "eth0",
                     with contextlib.suppress(NetlinkError):
                         ipr.link("del", index=idx)
             raise
-    with NetNS(peer_ns) as ns:
+    def configure_peer(ns: IPRoute) -> None:
         idx = _lookup(ns, tmp_peer)
         assert idx is not None
         ns.link("set", index=idx, ifname=peer_if, address=naming.guest_mac)
         ns.addr("add", index=idx, address=str(addressing.guest), prefixlen=addressing.prefixlen)
         ns.link("set", index=idx, state="up")
         ns.route("add", dst="default", gateway=str(addressing.gateway))
+
+    in_netns(peer_ns, configure_peer)
     _configure_guest_link(naming.netns, naming.veth_host, addressing, naming.guest_mac)
 
 
