@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -34,7 +35,8 @@ from netgate.policy import Policy
 from netgate.proxy import AuditEvent
 from netgate.testing import FOREIGN_DNS, FakeInternet, GuestNs, leftovers, nft_tables
 
-PREFIX = "rgt"
+#: Unique per run, so another run's namespaces on the same host never look like ours.
+PREFIX = "t" + secrets.token_hex(2)[:3]
 SECRET = "rgt-SECRET-0f9c2b7e51d84a36"
 ALLOW = ("allowed.test", "*.wild.test", "api.brokered.test", "internal.test", "metadata.test", "mixed.test")
 
@@ -422,7 +424,7 @@ from netgate.gateway import open_gateway
 from netgate.policy import Policy
 
 async def main():
-    async with open_gateway("rig_crash", Policy(("a.example",)), audit=lambda e: None, prefix="rgt") as gw:
+    async with open_gateway("rig_crash", Policy(("a.example",)), audit=lambda e: None, prefix=PREFIX) as gw:
         await gw.create_tap(1900000778)
         print(gw.netns, gw.tap_name, flush=True)
         await trio.sleep_forever()
