@@ -424,7 +424,8 @@ from netgate.gateway import open_gateway
 from netgate.policy import Policy
 
 async def main():
-    async with open_gateway("rig_crash", Policy(("a.example",)), audit=lambda e: None, prefix=PREFIX) as gw:
+    async with open_gateway("rig_crash", Policy(("a.example",)), audit=lambda e: None,
+                            prefix=sys.argv[1]) as gw:
         await gw.create_tap(1900000778)
         print(gw.netns, gw.tap_name, flush=True)
         await trio.sleep_forever()
@@ -436,7 +437,7 @@ trio.run(main)
 @needs_tun
 @pytest.mark.timeout(60)
 def test_leftovers_after_kill_9_are_found_and_removed() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CRASHER], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER, PREFIX], stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[2])
     try:
         assert proc.stdout is not None
