@@ -8,7 +8,7 @@ PORT ?= 8470
 # Root runs QEMU as per-rig uids, which cannot enter a private home: keep data in /var/lib.
 DATA_DIR ?= $(if $(filter 0,$(shell id -u)),/var/lib/rigd,$(HOME)/.local/share/rigd)
 
-.PHONY: run test lint images bench deps venv unit integration clean-cache help
+.PHONY: run test lint images images-desktop bench deps venv unit integration clean-cache help
 
 help:
 	@echo "make run    - install what is missing, build images, start the server"
@@ -31,6 +31,10 @@ venv: deps $(BIN)/.installed
 images: venv
 	$(BIN)/rigd images build
 
+# The computer (desktop) image: ~2 minutes cold; the desktop tests boot it.
+images-desktop: venv
+	$(BIN)/python -m rigd.images desktop
+
 run: images
 	@if $(BIN)/rigd accel-probe; then accel=""; \
 	else echo "rigd: no working hardware acceleration here (see the line above);"; \
@@ -48,7 +52,7 @@ unit: venv
 integration: images
 	$(BIN)/pytest -q tests/integration
 
-test: images lint
+test: images images-desktop lint
 	$(BIN)/pytest -q tests/unit tests/integration
 
 bench: images

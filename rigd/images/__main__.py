@@ -4,6 +4,8 @@ build [--cache-dir DIR]                 build what is missing (a no-op when cach
 find  [--cache-dir DIR]                 print the built assets as JSON, or fail
 pack  --data-dir DIR [--cache-dir DIR]  make the warm pack of the default image
 pin   [--cache-dir DIR]                 re-resolve every lock file to today's archive
+desktop [--cache-dir DIR] [--find]      build the computer (desktop) image, or only find it
+import SOURCE --sha256 HEX --data-dir DIR   import a computer image (path or URL) if its digest matches
 """
 
 from __future__ import annotations
@@ -48,13 +50,18 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("build", "find", "pack", "pin"):
+    for name in ("build", "find", "pack", "pin", "desktop", "import"):
         p = sub.add_parser(name)
         p.add_argument(
             "--cache-dir", type=Path, default=None, help="default: $RIGD_CACHE_DIR or ~/.cache/rigd"
         )
-        if name == "pack":
+        if name in ("pack", "import"):
             p.add_argument("--data-dir", type=Path, required=True)
+        if name == "desktop":
+            p.add_argument("--find", action="store_true", help="only find the built image; never build")
+        if name == "import":
+            p.add_argument("source", help="a path, file:// or http(s):// URL of a qcow2 or a rigd-image.json")
+            p.add_argument("--sha256", required=True, help="the digest the source must have")
     args = ap.parse_args(argv)
     cache: Path = args.cache_dir or default_cache_dir()
     try:
@@ -69,6 +76,18 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"pack: {rootfs} ({time.monotonic() - t0:.1f} s)")
         elif args.cmd == "pin":
             _pin(cache)
+        elif args.cmd == "desktop":
+            from rigd.images.desktop import build_desktop, find_desktop
+
+            img = find_desktop(cache) if args.find else build_desktop(cache, log=_log)
+            print(img.manifest_path)
+        elif args.cmd == "import":
+            from rigd.images.importer import import_image
+
+            done = import_image(
+                args.source, args.sha256, args.data_dir, progress=lambda m: _log(f"import: {m}")
+            )
+            print(done.dir)
     except RigdError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         if exc.data:

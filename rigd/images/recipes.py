@@ -1,4 +1,4 @@
-"""Where the recipes of the terminal image live in the source tree (``images/``)."""
+"""Where the image recipes live in the source tree (``images/``)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,15 @@ class Recipes:
         return self.images / "terminal"
 
     @property
+    def desktop_dir(self) -> Path:
+        """The computer (desktop) image recipe (docs/images.md, "Desktop image")."""
+        return self.images / "desktop"
+
+    @property
+    def desktop_kernel_lock(self) -> Path:
+        return self.desktop_dir / "kernel.lock"
+
+    @property
     def agent(self) -> Path:
         """The real guest agent (written in ``guest-agent/``)."""
         return self.root / "guest-agent" / "rigd_agent.py"
@@ -70,4 +79,5 @@ class Recipes:
             (self.kernel_lock, "linux-image-"),
             (self.busybox_lock, None),
             (self.runtime_lock, None),
+            (self.desktop_kernel_lock, "linux-image-"),
         ]

@@ -1,0 +1,181 @@
+"""The QEMU command line of a computer (desktop) rig (pure: builds a list, starts nothing).
+
+Why it looks like this (measured facts in HOST-NOTES "Desktop (computer)
+guests", choices and numbers in docs/images.md "Desktop image"):
+
+- ``-M q35`` with the legacy PC parts a rig never uses switched off: no
+  SMBus, no SATA, no default USB, **no i8042** (so keyboard events from QMP
+  can only reach the virtio keyboard), no vmport.
+- Direct kernel boot of the image's own kernel as a PVH ELF (``vmlinux``)
+  plus our initramfs, which mounts ``/dev/vda`` and hands over to the
+  image's systemd. No firmware menu, no bootloader in the image.
+- The display is a ``bochs-display`` (a plain linear framebuffer in a PCI
+  BAR, driven by the kernel's ``bochs`` DRM driver and Xorg's modesetting)
+  whose EDID prefers the boot size; its VRAM holds modes up to 2560x1600
+  for ``set_display``. Under TCG it is cheaper than virtio-gpu, whose every
+  damaged rectangle is a virtqueue round trip (measured in docs/images.md);
+  ``display="virtio-gpu"`` is kept for comparison. ``-display none``:
+  frames come from QMP ``screendump`` or the guest agent, never VNC.
+- Absolute input through the hypervisor: a virtio tablet (axes 0-32767)
+  and a virtio keyboard (``input="usb"`` gives an xHCI with usb-tablet and
+  usb-kbd instead). Both are driven by the guest's libinput.
+- The rest is the terminal rig's: the overlay is ``vda`` on virtio-blk,
+  the agent's virtio-serial port is ``rigd.agent``, virtio-rng (entropy for
+  systemd and Python), a free-page-reporting balloon (parked rigs hand RAM
+  back), QMP and the serial console as unix sockets QEMU serves with
+  ``wait=off``, the seccomp sandbox, and **no NIC**.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rigd.backends.microvm_argv import AGENT_PORT_NAME, SANDBOX, host_tsc_khz, kernel_cmdline
+from rigd.errors import RigdError
+
+_ACCELS = ("kvm", "hvf", "tcg")
+DISPLAYS = ("bochs", "virtio-gpu")
+INPUTS = ("virtio", "usb")
+#: The largest mode ``set_display`` may ask for (RIGS.md computer_use).
+MAX_WIDTH = 2560
+MAX_HEIGHT = 1600
+#: VRAM for bochs-display: 2560x1600x4 = 15.6 MiB, doubled for the driver's
+#: second buffer and rounded to the power of two QEMU wants.
+BOCHS_VGAMEM = "32M"
+
+
+def _esc(value: str | Path) -> str:
+    """Escape a value for QEMU's option syntax (a comma is doubled)."""
+    return str(value).replace(",", ",,")
+
+
+def display_device(display: str, width: int, height: int) -> str:
+    if display == "bochs":
+        return (
+            f"bochs-display,vgamem={BOCHS_VGAMEM},edid=on,xres={width},yres={height},"
+            f"xmax={MAX_WIDTH},ymax={MAX_HEIGHT}"
+        )
+    if display == "virtio-gpu":
+        return f"virtio-gpu-pci,max_outputs=1,edid=on,xres={width},yres={height}"
+    raise RigdError(f"display {display!r} is not one of {', '.join(DISPLAYS)}", field="display")
+
+
+def desktop_argv(
+    *,
+    qemu: str,
+    accel: str,
+    memory_mb: int,
+    vcpus: int,
+    disk_overlay: Path,
+    kernel: Path,
+    initrd: Path,
+    cmdline_extra: Sequence[str],
+    qmp_socket: Path,
+    agent_socket: Path,
+    console_socket: Path,
+    width: int = 1280,
+    height: int = 800,
+    sandbox: bool = True,
+    display: str = "bochs",
+    input: str = "virtio",
+    tsc_khz: int | None = -1,
+    incoming: str | None = None,
+) -> list[str]:
+    """Return the argv (``argv[0] == qemu``) that boots one computer rig.
+
+    ``disk_overlay`` is the rig's own qcow2 (backed by the image's
+    ``disk.qcow2``); ``cmdline_extra`` carries what the image asks for (its
+    manifest's ``cmdline``). ``width``/``height`` is the boot mode the
+    display's EDID prefers. ``tsc_khz`` defaults to the host's value;
+    ``incoming="defer"`` makes QEMU wait for a migration stream (warm start
+    from a snapshot).
+    """
+    if accel not in _ACCELS:
+        raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
+    if not 256 <= memory_mb <= 1 << 20:
+        raise RigdError(f"memory_mb {memory_mb} is out of range (256..1048576)", field="memory_mb")
+    if not 1 <= vcpus <= 64:
+        raise RigdError(f"vcpus {vcpus} is out of range (1..64)", field="vcpus")
+    if not 640 <= width <= MAX_WIDTH:
+        raise RigdError(f"width {width} is out of range (640..{MAX_WIDTH})", field="width")
+    if not 480 <= height <= MAX_HEIGHT:
+        raise RigdError(f"height {height} is out of range (480..{MAX_HEIGHT})", field="height")
+    if input not in INPUTS:
+        raise RigdError(f"input {input!r} is not one of {', '.join(INPUTS)}", field="input")
+    if incoming is not None and incoming != "defer":
+        raise RigdError(f"incoming {incoming!r} is not 'defer'", field="incoming")
+    disp = display_device(display, width, height)
+    khz = host_tsc_khz() if tsc_khz == -1 else tsc_khz
+
+    argv = [
+        qemu,
+        "-name",
+        "rig,debug-threads=on",
+        "-M",
+        "q35,smbus=off,sata=off,usb=off,i8042=off,vmport=off",
+        "-accel",
+        accel,
+        "-cpu",
+        "max" if accel == "tcg" else "host",
+        "-m",
+        str(memory_mb),
+        "-smp",
+        str(vcpus),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-rtc",
+        "base=utc",
+        "-kernel",
+        str(kernel),
+        "-initrd",
+        str(initrd),
+        "-append",
+        kernel_cmdline(tsc_khz=khz, extra=cmdline_extra, pci=True),
+        # QMP
+        "-chardev",
+        f"socket,id=qmp,path={_esc(qmp_socket)},server=on,wait=off",
+        "-mon",
+        "chardev=qmp,mode=control",
+        # Serial console (ttyS0): boot markers, RIGD-AGENT-READY
+        "-chardev",
+        f"socket,id=console,path={_esc(console_socket)},server=on,wait=off",
+        "-serial",
+        "chardev:console",
+        # The display at the boot size
+        "-device",
+        disp,
+    ]
+    if input == "virtio":
+        argv += ["-device", "virtio-tablet-pci", "-device", "virtio-keyboard-pci"]
+    else:
+        argv += ["-device", "qemu-xhci", "-device", "usb-tablet", "-device", "usb-kbd"]
+    argv += [
+        # The rig's disk: a thin qcow2 overlay of the image, vda
+        "-drive",
+        f"id=root,file={_esc(disk_overlay)},format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+        "-device",
+        "virtio-blk-pci,drive=root",
+        # Guest agent channel
+        "-chardev",
+        f"socket,id=agent,path={_esc(agent_socket)},server=on,wait=off",
+        "-device",
+        "virtio-serial-pci,max_ports=2",
+        "-device",
+        f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
+        "-device",
+        "virtio-rng-pci",
+        "-device",
+        "virtio-balloon-pci,free-page-reporting=on",
+    ]
+    if incoming is not None:
+        argv += ["-incoming", incoming]
+    if sandbox:
+        argv += ["-sandbox", SANDBOX]
+    return argv
+
+
+__all__ = ["DISPLAYS", "INPUTS", "MAX_HEIGHT", "MAX_WIDTH", "desktop_argv", "display_device"]

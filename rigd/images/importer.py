@@ -1,0 +1,646 @@
+"""Import a computer-rig image into a data directory, pinned by sha256.
+
+A computer rig boots a qcow2 disk by direct kernel boot, so an *image* is a
+disk, the kernel and initramfs that boot it, and a few facts about it (its
+guest protocol, its display size, the kernel command line it needs). Those
+facts travel in a small JSON **manifest**, format ``rigd.image/v1``::
+
+    {"format": "rigd.image/v1", "surface": "computer", "guest_protocol": 2,
+     "kernel_release": "6.1.0-57-amd64", "cmdline": ["rw", ...],
+     "display": {"width": 1280, "height": 800},
+     "disk":   {"file": "desktop.qcow2", "sha256": "<64 hex>", "size": 123},
+     "kernel": {"file": "vmlinux",       "sha256": "...", "size": ...},
+     "initrd": {"file": "initrd.img",    "sha256": "...", "size": ...}}
+
+``file`` names are plain file names beside the manifest (no directories).
+The desktop builder (:mod:`rigd.images.desktop`) writes one next to the
+qcow2 in its cache directory.
+
+How an import works
+-------------------
+:func:`import_image` accepts a path, a ``file://`` URL or an ``http(s)://``
+URL, and the sha256 the operator expects of *that* file. Everything is
+fetched into a private staging directory ``<dataDir>/rigs/images/.import-*``
+and hashed while it is written; nothing is looked at before the digest
+matches. Then:
+
+- the source is a **manifest**: each file it names is fetched from beside it
+  (same directory, or the same URL path) and must match the manifest's own
+  sha256 and size — the operator's digest pins the manifest, the manifest
+  pins the rest;
+- the source is a bare **qcow2**: the digest pins the disk, and the rest is
+  read from inside it — the image's marker ``/etc/rigd/image.json`` names its
+  kernel and initramfs, which are copied out (``qemu-img convert`` to a
+  temporary raw file, then ``debugfs``; no mounts), and the kernel is
+  unpacked to the ELF the rig boots.
+
+Either way the disk must be a qcow2 **without a backing file** (a backing
+file name would make QEMU open a path outside the data directory). The
+staging directory is then renamed to ``<dataDir>/rigs/images/sha256-<hex>/``
+holding ``disk.qcow2``, ``vmlinux``, ``initrd.img`` and ``rigd-image.json``
+(the manifest with those names; it records the guest protocol). Any failure —
+a digest mismatch first of all — removes the staging directory: an import
+leaves either a complete image or nothing.
+
+Paths: every file is written under a name we choose inside the staging
+directory, created with ``O_NOFOLLOW|O_EXCL``; names from a manifest are
+checked to be plain file names; the images directory itself must not be a
+symlink. Nothing is ever written outside ``<dataDir>/rigs/images/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from rigd.errors import FieldError, RigdError
+from rigd.images.cache import READ_ONLY_MODE, remove_tree
+from rigd.images.vmlinux import extract_vmlinux
+
+FORMAT = "rigd.image/v1"
+#: The marker inside an image (``/etc/rigd/image.json``), for bare-qcow2 imports.
+MARKER_FORMAT = "rigd.image-marker/v1"
+MARKER_PATH = "/etc/rigd/image.json"
+MANIFEST_NAME = "rigd-image.json"
+DISK_NAME = "disk.qcow2"
+KERNEL_NAME = "vmlinux"
+INITRD_NAME = "initrd.img"
+
+SURFACES = ("computer",)
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_DISK_BYTES = 256 << 30
+MAX_BOOT_FILE_BYTES = 512 << 20
+HTTP_TIMEOUT_S = 60.0
+_QCOW2_MAGIC = b"QFI\xfb"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_GUEST_PATH = re.compile(r"^/(?:[A-Za-z0-9._+-]+/)*[A-Za-z0-9._+-]+$")
+_CMDLINE_ARG = re.compile(r"^[\x21-\x7e]{1,256}$")
+
+Progress = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------
+# the manifest
+
+
+@dataclass(frozen=True, slots=True)
+class FileRef:
+    file: str  # a plain file name beside the manifest
+    sha256: str  # 64 lower-case hex digits
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "sha256": self.sha256, "size": self.size}
+
+
+@dataclass(frozen=True, slots=True)
+class ImageManifest:
+    surface: str
+    guest_protocol: int
+    kernel_release: str
+    cmdline: tuple[str, ...]
+    width: int
+    height: int
+    disk: FileRef
+    kernel: FileRef
+    initrd: FileRef
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "surface": self.surface,
+            "guest_protocol": self.guest_protocol,
+            "kernel_release": self.kernel_release,
+            "cmdline": list(self.cmdline),
+            "display": {"width": self.width, "height": self.height},
+            "disk": self.disk.to_json(),
+            "kernel": self.kernel.to_json(),
+            "initrd": self.initrd.to_json(),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+
+
+def _field(where: str, field: str, reason: str) -> RigdError:
+    return RigdError(f"{where}: {field}: {reason}", path=where, field=field, reason=reason)
+
+
+def _common_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    surface = raw.get("surface")
+    if surface not in SURFACES:
+        raise _field(where, "surface", f"must be one of {', '.join(SURFACES)}, got {surface!r}")
+    proto = raw.get("guest_protocol")
+    if not isinstance(proto, int) or isinstance(proto, bool) or not 1 <= proto <= 1000:
+        raise _field(where, "guest_protocol", f"must be a positive integer, got {proto!r}")
+    release = raw.get("kernel_release")
+    if not isinstance(release, str) or not _PLAIN_NAME.match(release):
+        raise _field(where, "kernel_release", f"invalid kernel release {release!r}")
+    cmdline = raw.get("cmdline", [])
+    if not isinstance(cmdline, list) or not all(
+        isinstance(a, str) and _CMDLINE_ARG.match(a) for a in cmdline
+    ):
+        raise _field(where, "cmdline", "must be a list of printable arguments without spaces")
+    display = raw.get("display")
+    if not isinstance(display, dict):
+        raise _field(where, "display", "must be an object with width and height")
+    dims = []
+    for k in ("width", "height"):
+        v = display.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= 8192:
+            raise _field(where, f"display.{k}", f"must be an integer 64..8192, got {v!r}")
+        dims.append(v)
+    return {
+        "surface": surface,
+        "guest_protocol": proto,
+        "kernel_release": release,
+        "cmdline": tuple(cmdline),
+        "width": dims[0],
+        "height": dims[1],
+    }
+
+
+def _load_json_object(text: str | bytes, where: str, fmt: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RigdError(f"{where}: not valid JSON: {exc}", path=where) from exc
+    if not isinstance(raw, dict):
+        raise RigdError(f"{where}: must be a JSON object", path=where)
+    if raw.get("format") != fmt:
+        raise _field(where, "format", f"must be {fmt!r}, got {raw.get('format')!r}")
+    return raw
+
+
+def parse_manifest(text: str | bytes, where: str = MANIFEST_NAME) -> ImageManifest:
+    """Parse and validate a ``rigd.image/v1`` manifest; errors name the field."""
+    raw = _load_json_object(text, where, FORMAT)
+    common = _common_fields(raw, where)
+    refs: dict[str, FileRef] = {}
+    limits = {"disk": MAX_DISK_BYTES, "kernel": MAX_BOOT_FILE_BYTES, "initrd": MAX_BOOT_FILE_BYTES}
+    for key, limit in limits.items():
+        ref = raw.get(key)
+        if not isinstance(ref, dict):
+            raise _field(where, key, "must be an object with file, sha256 and size")
+        name, sha, size = ref.get("file"), ref.get("sha256"), ref.get("size")
+        if not isinstance(name, str) or not _PLAIN_NAME.match(name) or name in (".", ".."):
+            raise _field(where, f"{key}.file", f"must be a plain file name, got {name!r}")
+        if not isinstance(sha, str) or not _HEX64.match(sha):
+            raise _field(where, f"{key}.sha256", f"must be 64 lower-case hex digits, got {sha!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= limit:
+            raise _field(where, f"{key}.size", f"must be an integer 1..{limit}, got {size!r}")
+        refs[key] = FileRef(name, sha, size)
+    if len({r.file for r in refs.values()}) != 3:
+        raise _field(where, "disk.file", "disk, kernel and initrd must be three different files")
+    return ImageManifest(**common, disk=refs["disk"], kernel=refs["kernel"], initrd=refs["initrd"])
+
+
+@dataclass(frozen=True, slots=True)
+class ImageMarker:
+    """``/etc/rigd/image.json`` inside an image: what a bare qcow2 says of itself."""
+
+    surface: str
+    guest_protocol: int
+    kernel_release: str
+    cmdline: tuple[str, ...]
+    width: int
+    height: int
+    kernel_path: str  # absolute, inside the image (a bzImage or an ELF)
+    initrd_path: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": MARKER_FORMAT,
+            "surface": self.surface,
+            "guest_protocol": self.guest_protocol,
+            "kernel_release": self.kernel_release,
+            "cmdline": list(self.cmdline),
+            "display": {"width": self.width, "height": self.height},
+            "kernel": self.kernel_path,
+            "initrd": self.initrd_path,
+        }
+
+
+def parse_marker(text: str | bytes, where: str = MARKER_PATH) -> ImageMarker:
+    raw = _load_json_object(text, where, MARKER_FORMAT)
+    common = _common_fields(raw, where)
+    paths = []
+    for key in ("kernel", "initrd"):
+        p = raw.get(key)
+        if not isinstance(p, str) or not _GUEST_PATH.match(p) or ".." in p.split("/"):
+            raise _field(where, key, f"must be an absolute normalised path in the image, got {p!r}")
+        paths.append(p)
+    return ImageMarker(**common, kernel_path=paths[0], initrd_path=paths[1])
+
+
+# --------------------------------------------------------------------------
+# the result
+
+
+@dataclass(frozen=True, slots=True)
+class ImportedImage:
+    dir: Path  # <dataDir>/rigs/images/sha256-<hex>
+    disk: Path  # disk.qcow2 (0444): each rig boots a thin overlay of it
+    kernel: Path  # vmlinux (PVH ELF)
+    initrd: Path  # initrd.img
+    manifest: ImageManifest  # as stored in rigd-image.json
+    sha256: str  # the digest the operator pinned (of the manifest or the bare qcow2)
+    already_present: bool  # True when an earlier import of the same digest was found
+
+    @property
+    def guest_protocol(self) -> int:
+        return self.manifest.guest_protocol
+
+
+def images_dir(data_dir: Path) -> Path:
+    return data_dir / "rigs" / "images"
+
+
+def normalise_sha256(value: str) -> str:
+    """``"sha256:<hex>"`` or ``"<hex>"`` → lower-case hex; else a field error."""
+    v = value.strip().lower().removeprefix("sha256:")
+    if not _HEX64.match(v):
+        raise FieldError("sha256", f"must be 64 hex digits (optionally prefixed 'sha256:'), got {value!r}")
+    return v
+
+
+def load_imported(dir_: Path, sha256: str, *, already_present: bool = True) -> ImportedImage:
+    manifest = parse_manifest((dir_ / MANIFEST_NAME).read_bytes(), str(dir_ / MANIFEST_NAME))
+    return ImportedImage(
+        dir=dir_,
+        disk=dir_ / DISK_NAME,
+        kernel=dir_ / KERNEL_NAME,
+        initrd=dir_ / INITRD_NAME,
+        manifest=manifest,
+        sha256=sha256,
+        already_present=already_present,
+    )
+
+
+def list_imported(data_dir: Path) -> list[ImportedImage]:
+    """Every complete import in the data directory (unreadable ones are skipped)."""
+    out: list[ImportedImage] = []
+    base = images_dir(data_dir)
+    if not base.is_dir():
+        return out
+    for d in sorted(base.glob("sha256-*")):
+        with contextlib.suppress(RigdError, OSError):
+            out.append(load_imported(d, d.name.removeprefix("sha256-")))
+    return out
+
+
+# --------------------------------------------------------------------------
+# fetching
+
+
+class _Source:
+    """Where bytes come from: a local directory or a base URL."""
+
+    def __init__(self, source: str) -> None:
+        parsed = urllib.parse.urlsplit(source)
+        self.url: str | None = None
+        self.path: Path | None = None
+        if parsed.scheme in ("http", "https"):
+            if not parsed.netloc:
+                raise FieldError("source", f"URL {source!r} has no host")
+            self.url = source
+        elif parsed.scheme == "file":
+            if parsed.netloc not in ("", "localhost"):
+                raise FieldError("source", f"file URL {source!r} names a host")
+            self.path = Path(urllib.parse.unquote(parsed.path))
+        elif parsed.scheme == "":
+            self.path = Path(source).expanduser()
+        else:
+            raise FieldError("source", f"scheme {parsed.scheme!r} is not supported (path, file://, http(s)://)")
+        if self.path is not None and not self.path.is_file():
+            raise FieldError("source", f"{self.path} is not a file")
+
+    def describe(self) -> str:
+        return self.url if self.url is not None else str(self.path)
+
+    def sibling(self, name: str) -> _Source:
+        """The file ``name`` beside this one (``name`` is a checked plain name)."""
+        if not _PLAIN_NAME.match(name):
+            raise RigdError(f"refusing file name {name!r}: not a plain file name", file=name)
+        if self.url is not None:
+            return _Source(urllib.parse.urljoin(self.url, urllib.parse.quote(name)))
+        assert self.path is not None
+        return _Source(str(self.path.parent / name))
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[BinaryIO]:
+        if self.path is not None:
+            with self.path.open("rb") as f:
+                yield f
+            return
+        assert self.url is not None
+        req = urllib.request.Request(self.url, headers={"User-Agent": "rigd-image-import"})  # noqa: S310 - scheme checked: http(s) only
+        try:
+            resp = urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - scheme checked above
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise RigdError(
+                f"cannot download {self.url}: HTTP {exc.code} {exc.reason}", url=self.url
+            ) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise RigdError(f"cannot download {self.url}: {exc}", url=self.url) from exc
+        with resp:
+            yield resp
+
+
+def _fetch(src: _Source, dest: Path, limit: int, progress: Progress) -> tuple[str, int]:
+    """Copy ``src`` to the new file ``dest`` (never following a link); return (sha256, size)."""
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    last = time.monotonic()
+    try:
+        with os.fdopen(fd, "wb") as out, src.open() as f:
+            while chunk := f.read(1 << 20):
+                size += len(chunk)
+                if size > limit:
+                    raise RigdError(
+                        f"{src.describe()} is larger than the {limit} bytes allowed", source=src.describe()
+                    )
+                h.update(chunk)
+                out.write(chunk)
+                if time.monotonic() - last > 5:
+                    progress(f"fetching {src.describe()}: {size >> 20} MiB")
+                    last = time.monotonic()
+    except OSError as exc:
+        raise RigdError(f"cannot read {src.describe()}: {exc}", source=src.describe()) from exc
+    return h.hexdigest(), size
+
+
+def _mismatch(what: str, src: _Source, expected: str, actual: str) -> RigdError:
+    return RigdError(
+        f"sha256 mismatch for {what} {src.describe()}: expected {expected}, got {actual}; "
+        "nothing was imported",
+        source=src.describe(),
+        expected=expected,
+        actual=actual,
+    )
+
+
+# --------------------------------------------------------------------------
+# checks on the disk and reading a bare qcow2
+
+
+def _qemu_img() -> str:
+    exe = shutil.which("qemu-img")
+    if exe is None:
+        raise RigdError("`qemu-img` is not installed (Debian package qemu-utils)")
+    return exe
+
+
+def check_qcow2(path: Path) -> dict[str, Any]:
+    """Refuse anything but a standalone qcow2 (no backing file, no data file)."""
+    with path.open("rb") as f:
+        if f.read(4) != _QCOW2_MAGIC:
+            raise RigdError(f"{path.name} is not a qcow2 image", file=path.name)
+    res = subprocess.run(
+        [_qemu_img(), "info", "--output=json", "-f", "qcow2", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise RigdError(f"qemu-img cannot read the disk: {res.stderr.strip()[-1000:]}")
+    info: dict[str, Any] = json.loads(res.stdout)
+    if info.get("format") != "qcow2":
+        raise RigdError(f"the disk is {info.get('format')!r}, not qcow2")
+    if "backing-filename" in info or "full-backing-filename" in info:
+        raise RigdError(
+            "the disk names a backing file; an imported image must be standalone "
+            f"(backing file {info.get('backing-filename')!r})"
+        )
+    data_file = (info.get("format-specific") or {}).get("data", {}).get("data-file")
+    if data_file:
+        raise RigdError(f"the disk names an external data file {data_file!r}; refusing")
+    return info
+
+
+def _debugfs() -> str:
+    for cand in (shutil.which("debugfs"), "/usr/sbin/debugfs", "/sbin/debugfs"):
+        if cand and Path(cand).is_file():
+            return cand
+    raise RigdError("`debugfs` is not installed (Debian package e2fsprogs)")
+
+
+def read_from_ext4(image: Path, guest_path: str, dest: Path) -> None:
+    """Copy one regular file out of a raw ext4 image (no mount) to the new file ``dest``."""
+    res = subprocess.run(
+        [_debugfs(), "-R", f"stat {guest_path}", str(image)], capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0 or "Type: regular" not in res.stdout:
+        raise RigdError(f"the image has no regular file {guest_path}", path=guest_path)
+    res = subprocess.run(
+        [_debugfs(), "-R", f"dump {guest_path} {dest}", str(image)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode != 0 or not dest.is_file() or dest.is_symlink():
+        raise RigdError(f"cannot copy {guest_path} out of the image: {res.stderr.strip()[-500:]}")
+
+
+def _unpack_bare_qcow2(disk: Path, stage: Path, progress: Progress) -> ImageMarker:
+    """Copy the marker, kernel and initramfs out of a bare qcow2 into ``stage``."""
+    raw = stage / ".raw"
+    progress("reading the image's boot files (qemu-img convert to a temporary raw file)")
+    res = subprocess.run(
+        [_qemu_img(), "convert", "-f", "qcow2", "-O", "raw", str(disk), str(raw)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise RigdError(f"qemu-img convert failed: {res.stderr.strip()[-1000:]}")
+    try:
+        read_from_ext4(raw, MARKER_PATH, stage / ".marker")
+        marker = parse_marker((stage / ".marker").read_bytes())
+        read_from_ext4(raw, marker.kernel_path, stage / ".kernel")
+        read_from_ext4(raw, marker.initrd_path, stage / INITRD_NAME)
+    finally:
+        raw.unlink(missing_ok=True)
+    elf, _ = extract_vmlinux((stage / ".kernel").read_bytes())
+    (stage / KERNEL_NAME).write_bytes(elf)
+    for name in (".kernel", ".marker"):
+        (stage / name).unlink()
+    return marker
+
+
+# --------------------------------------------------------------------------
+# the import
+
+
+def _images_dir_checked(data_dir: Path) -> Path:
+    base = images_dir(data_dir)
+    for p in (data_dir / "rigs", base):
+        if p.is_symlink():
+            raise RigdError(f"{p} is a symlink; refusing to import through it", path=str(p))
+    base.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        (data_dir / "rigs").chmod(0o711)  # rig uids traverse, never list
+    base.chmod(0o711)
+    return base
+
+
+@contextlib.contextmanager
+def _lock(base: Path) -> Iterator[None]:
+    with (base / ".lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def import_image(
+    source: str | Path,
+    sha256: str,
+    data_dir: Path,
+    *,
+    progress: Progress | None = None,
+) -> ImportedImage:
+    """Import a computer image from ``source`` if its sha256 is ``sha256``.
+
+    ``source`` is a path, a ``file://`` or an ``http(s)://`` URL of either a
+    ``rigd.image/v1`` manifest or a bare qcow2 (see the module docstring).
+    ``sha256`` is ``"<hex>"`` or ``"sha256:<hex>"`` of that file. Returns the
+    imported image (``already_present`` when the same digest was imported
+    before; nothing is fetched then). Raises :class:`RigdError` — for a
+    digest mismatch one that names the expected and the actual digest — and
+    leaves nothing behind in that case. Synchronous and slow (it copies
+    gigabytes): the server calls it from a worker thread.
+    """
+    say = progress or (lambda _msg: None)
+    want = normalise_sha256(sha256)
+    src = _Source(str(source))
+    base = _images_dir_checked(data_dir)
+    final = base / f"sha256-{want}"
+    if not final.is_symlink() and (final / MANIFEST_NAME).is_file():
+        say(f"already imported: {final}")
+        return load_imported(final, want)
+    stage = Path(tempfile.mkdtemp(prefix=".import-", dir=base))
+    try:
+        first = stage / ".source"
+        say(f"fetching {src.describe()}")
+        got, size = _fetch(src, first, MAX_DISK_BYTES, say)
+        if got != want:
+            raise _mismatch("the image", src, want, got)
+        with first.open("rb") as f:
+            head = f.read(4)
+        if head == _QCOW2_MAGIC:
+            check_qcow2(first)
+            os.rename(first, stage / DISK_NAME)
+            marker = _unpack_bare_qcow2(stage / DISK_NAME, stage, say)
+            manifest = ImageManifest(
+                surface=marker.surface,
+                guest_protocol=marker.guest_protocol,
+                kernel_release=marker.kernel_release,
+                cmdline=marker.cmdline,
+                width=marker.width,
+                height=marker.height,
+                disk=FileRef(DISK_NAME, want, size),
+                kernel=_ref(stage / KERNEL_NAME),
+                initrd=_ref(stage / INITRD_NAME),
+            )
+        else:
+            if size > MAX_MANIFEST_BYTES:
+                raise RigdError(f"{src.describe()} is neither a qcow2 image nor a rigd image manifest")
+            text = first.read_bytes()
+            if not text.lstrip().startswith(b"{"):
+                raise RigdError(f"{src.describe()} is neither a qcow2 image nor a rigd image manifest")
+            theirs = parse_manifest(text, src.describe())
+            parts = ((theirs.disk, DISK_NAME), (theirs.kernel, KERNEL_NAME), (theirs.initrd, INITRD_NAME))
+            for ref, name in parts:
+                part = src.sibling(ref.file)
+                say(f"fetching {part.describe()}")
+                got, n = _fetch(part, stage / name, ref.size, say)
+                if got != ref.sha256:
+                    raise _mismatch(f"{ref.file} (pinned by the manifest)", part, ref.sha256, got)
+                if n != ref.size:
+                    raise RigdError(f"{part.describe()}: size {n}, the manifest says {ref.size}")
+            check_qcow2(stage / DISK_NAME)
+            manifest = ImageManifest(
+                surface=theirs.surface,
+                guest_protocol=theirs.guest_protocol,
+                kernel_release=theirs.kernel_release,
+                cmdline=theirs.cmdline,
+                width=theirs.width,
+                height=theirs.height,
+                disk=FileRef(DISK_NAME, theirs.disk.sha256, theirs.disk.size),
+                kernel=FileRef(KERNEL_NAME, theirs.kernel.sha256, theirs.kernel.size),
+                initrd=FileRef(INITRD_NAME, theirs.initrd.sha256, theirs.initrd.size),
+            )
+            first.unlink()
+        (stage / MANIFEST_NAME).write_text(manifest.dumps())
+        for name in (DISK_NAME, KERNEL_NAME, INITRD_NAME, MANIFEST_NAME):
+            (stage / name).chmod(READ_ONLY_MODE)
+        stage.chmod(0o711)  # rig uids open the files by name, never list
+        with _lock(base):
+            # A concurrent import of the same digest may have finished first.
+            if not final.is_symlink() and (final / MANIFEST_NAME).is_file():
+                remove_tree(stage)
+                return load_imported(final, want)
+            if final.exists() or final.is_symlink():
+                remove_tree(final)  # an incomplete leftover: no manifest inside
+            os.rename(stage, final)
+    except BaseException:
+        remove_tree(stage)
+        raise
+    say(f"imported {final} (guest protocol {manifest.guest_protocol})")
+    return ImportedImage(
+        dir=final,
+        disk=final / DISK_NAME,
+        kernel=final / KERNEL_NAME,
+        initrd=final / INITRD_NAME,
+        manifest=manifest,
+        sha256=want,
+        already_present=False,
+    )
+
+
+def _ref(path: Path) -> FileRef:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return FileRef(path.name, h.hexdigest(), path.stat().st_size)
+
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST_NAME",
+    "MARKER_FORMAT",
+    "MARKER_PATH",
+    "FileRef",
+    "ImageManifest",
+    "ImageMarker",
+    "ImportedImage",
+    "check_qcow2",
+    "images_dir",
+    "import_image",
+    "list_imported",
+    "load_imported",
+    "normalise_sha256",
+    "parse_manifest",
+    "parse_marker",
+]
