@@ -282,8 +282,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--memory-budget-mb", type=int, default=12 * 1024,
                     help="host-resident memory for all rigs together (default 12288)")
     sp.add_argument("--reap-interval", type=float, default=1.0, help=argparse.SUPPRESS)
-    sp.add_argument("--network", choices=["auto", "none"], default="auto",
-                    help="auto: an egress gateway per rig when running as root; none: no network")
+    sp.add_argument("--network", choices=["auto", "gateway", "user", "none"], default="auto",
+                    help="auto (default): a gateway namespace per rig when running as root with "
+                    "CAP_NET_ADMIN, else QEMU user networking (restrict=on) relayed to the same egress "
+                    "proxy; gateway/user: force one (an error if it cannot work); none: no network")
     sp.add_argument("--resolver", help="HOST:PORT of the DNS server the gateways use for "
                     "allowed names (default: the host's /etc/resolv.conf)")
     sp.add_argument("--upstream-netns", help=argparse.SUPPRESS)

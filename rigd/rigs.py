@@ -253,7 +253,7 @@ class RigManager:
             out["residentMb"] = live.machine.resident_mb()
             out["network"] = live.machine.network_info()
         elif row.egress:
-            out["network"] = {"mode": "gateway", **json.loads(row.egress)}
+            out["network"] = {"mode": self.network or "gateway", **json.loads(row.egress)}
         else:
             out["network"] = {"mode": "none"}
         if live is not None:
@@ -313,8 +313,8 @@ class RigManager:
             if allow:
                 raise FieldError(
                     "egress.allow",
-                    "this server gives rigs no network: it runs without CAP_NET_ADMIN, and the "
-                    "rootless (QEMU user networking) mode is not built yet",
+                    "this server gives rigs no network (started with --network none, or its QEMU "
+                    "has neither a usable tap nor user networking)",
                 )
             return None
         return build_policy(surface.value, allow, defaults=defaults)

@@ -19,8 +19,9 @@ docs/images.md):
 - The balloon reports freed pages so a parked rig hands RAM back to the host.
 - Every socket is a server QEMU creates with ``wait=off``: QEMU never blocks
   on the host, and the host connects when it wants.
-- No network device: terminal rigs have no network yet. The rig's MAC is a
-  parameter all the same (``mac``, derived from the rig id by
+- A network device only when the caller passes one (``netdev`` +
+  ``nic_netdev``: the egress gateway's tap, or restricted user networking).
+  The rig's MAC is a parameter (``mac``, derived from the rig id by
   :func:`rigd.backends.snapshot.rig_mac`): with ``nic_netdev`` set, the NIC
   gets it, so every rig — cold or restored from a snapshot — has its own.
 - ``incoming="defer"`` starts the machine waiting for a migration stream
@@ -115,6 +116,7 @@ def microvm_argv(
     nic_netdev: str | None = None,
     incoming: str | None = None,
     netdev: str | None = None,
+    sandbox_opts: str = SANDBOX,
 ) -> list[str]:
     """Return the argv (``argv[0] == qemu``) that boots one terminal rig.
 
@@ -123,7 +125,9 @@ def microvm_argv(
     ``02:…`` style) is the rig's own; it reaches a ``virtio-net`` device only
     when ``nic_netdev`` names a ``-netdev`` the caller adds. ``incoming``
     (``"defer"``) makes QEMU wait for ``migrate-incoming`` on QMP. ``netdev``
-    is a ``-netdev`` value added verbatim (the egress gateway's tap, by fd).
+    is a ``-netdev`` value added verbatim (the egress gateway's tap, by fd,
+    or user-mode networking). ``sandbox_opts`` is the ``-sandbox`` value
+    (user-mode networking needs spawn allowed: :mod:`netgate.usermode`).
     """
     if accel not in _ACCELS:
         raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
@@ -210,13 +214,13 @@ def microvm_argv(
         f"virtio-balloon-{bus},free-page-reporting=on",
     ]
     if netdev is not None:
-        # The backend (e.g. "tap,id=net0,fd=3,vhost=off") is the caller's:
-        # the tap is made by the egress gateway (netgate), never by QEMU.
+        # The backend (e.g. "tap,id=net0,fd=3,vhost=off", or "user,…,restrict=on") is
+        # the caller's: a tap is made by the egress gateway (netgate), never by QEMU.
         argv += ["-netdev", netdev]
     if nic_netdev is not None:
         argv += ["-device", f"virtio-net-{bus},netdev={_esc(nic_netdev)},mac={mac}"]
     if incoming is not None:
         argv += ["-incoming", incoming]
     if sandbox:
-        argv += ["-sandbox", SANDBOX]
+        argv += ["-sandbox", sandbox_opts]
     return argv

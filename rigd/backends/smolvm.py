@@ -52,10 +52,13 @@ from netgate.broker import SecretStore
 from netgate.gateway import Gateway, GatewayError, close_fd, open_gateway
 from netgate.policy import build_policy
 from netgate.topology import ADDRESSING
+from netgate.usermode import SANDBOX as USER_SANDBOX
+from netgate.usermode import SOCKET_NAME, UserGate, guest_net_arg, helper_python, open_user_gate
+from netgate.usermode import netdev as user_netdev
 from rigd.backends.base import ExecResult, MachineInfo, MachineSpec, NetSpec
 from rigd.backends.confine import Identity, UidPool, give, make_private_dir, make_shared_dir
 from rigd.backends.guest_client import GuestConnection, iterate
-from rigd.backends.microvm_argv import microvm_argv
+from rigd.backends.microvm_argv import SANDBOX, microvm_argv
 from rigd.backends.procs import proc_alive, proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.ring import Ring
@@ -108,9 +111,19 @@ class SmolvmConfig:
     network: NetworkConfig | None = None
 
 
+#: A rig's egress gate: a gateway namespace (root) or QEMU user networking relayed to the same proxy.
+NetGate = Gateway | UserGate
+
+
 @dataclass(frozen=True, slots=True)
 class NetworkConfig:
-    """How rigs reach the network: through netgate, one gateway namespace per rig."""
+    """How rigs reach the network: through netgate, one gate per rig.
+
+    ``mode`` ``"gateway"``: a gateway namespace per rig, the tap handed to
+    QEMU by fd (needs root). ``"user"``: QEMU's user networking with
+    ``restrict=on`` relayed to the same proxy and DNS (no privileges needed;
+    QEMU's sandbox then allows spawn, see :mod:`netgate.usermode`).
+    """
 
     #: Upstream DNS server for the gateway's own lookups (None: /etc/resolv.conf).
     resolver: tuple[str, int] | None = None
@@ -121,6 +134,13 @@ class NetworkConfig:
     prefix: str = "rigd"
     #: CA bundle for verifying brokered hosts (None: the system's CAs).
     upstream_ca: Path | None = None
+    mode: str = "gateway"
+    #: The interpreter of user mode's relay helper (None: :func:`netgate.usermode.helper_python`).
+    helper_python: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("gateway", "user"):
+            raise ValueError(f"network mode {self.mode!r} is not 'gateway' or 'user'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +172,21 @@ def rig_argv(
     With networking on, the NIC's backend is the gateway's tap, passed by fd
     (``tap_fd``; ``"@fd"`` in a snapshot key), and the guest is told its
     addresses on the kernel command line (``rigd.net=``, read by the tools
-    disk's init).
+    disk's init). In user mode the NIC is slirp (``restrict=on``) whose
+    guestfwd helpers hand connections to ``<rig_dir>/net.sock``, and the
+    sandbox allows spawn (:data:`netgate.usermode.SANDBOX`).
     """
     assets = config.assets
     net: dict[str, Any] = {}
-    if config.network is not None:
+    cfg = config.network
+    if cfg is not None and cfg.mode == "user":
+        net = {
+            "netdev": user_netdev(rig_dir / SOCKET_NAME, python=cfg.helper_python or helper_python()),
+            "nic_netdev": "net0",
+            "cmdline_extra": [guest_net_arg()],
+            "sandbox_opts": USER_SANDBOX,
+        }
+    elif cfg is not None:
         a = ADDRESSING
         net = {
             "netdev": f"tap,id=net0,fd={tap_fd},vhost=off",
@@ -410,8 +440,8 @@ class SmolvmBackend:
     @asynccontextmanager
     async def _gateway(
         self, rig_id: str, net: NetSpec | None, progress: Callable[[str], None]
-    ) -> AsyncIterator[Gateway | None]:
-        """The rig's egress gateway for the machine's whole life (None: no network)."""
+    ) -> AsyncIterator[NetGate | None]:
+        """The rig's egress gate for the machine's whole life (None: no network)."""
         cfg = self.config.network
         if cfg is None:
             yield None
@@ -422,14 +452,22 @@ class SmolvmBackend:
         if cfg.broker is not None and net is not None:
             has_secrets = await trio.to_thread.run_sync(cfg.broker.list, net.workspace)
             broker = cfg.broker if has_secrets else None
+        upstream_ssl = (ssl.create_default_context(cafile=str(cfg.upstream_ca))
+                        if cfg.upstream_ca is not None else None)
+        if cfg.mode == "user":
+            async with open_user_gate(
+                rig_id, policy, audit=net.audit if net is not None else _drop_audit,
+                resolver_address=cfg.resolver, upstream_netns=cfg.upstream_netns, broker=broker,
+                workspace=net.workspace if net is not None else None, upstream_ssl=upstream_ssl,
+            ) as gate:
+                yield gate
+            return
         try:
             async with open_gateway(
                 rig_id, policy, audit=net.audit if net is not None else _drop_audit,
                 resolver_address=cfg.resolver, upstream_netns=cfg.upstream_netns, broker=broker,
                 workspace=net.workspace if net is not None else None, prefix=cfg.prefix,
-                guest_mac=rig_mac(rig_id),
-                upstream_ssl=ssl.create_default_context(cafile=str(cfg.upstream_ca))
-                if cfg.upstream_ca is not None else None,
+                guest_mac=rig_mac(rig_id), upstream_ssl=upstream_ssl,
             ) as gateway:
                 yield gateway
         except GatewayError as exc:
@@ -437,7 +475,7 @@ class SmolvmBackend:
 
     @asynccontextmanager
     async def _open_machine(
-        self, spec: MachineSpec, progress: Callable[[str], None], gateway: Gateway | None
+        self, spec: MachineSpec, progress: Callable[[str], None], gateway: NetGate | None
     ) -> AsyncIterator[SmolvmMachine]:
         log = logging.getLogger(f"rigd.rig.{spec.rig_id}")
         identity = self.uids.acquire()
@@ -576,7 +614,7 @@ class SmolvmMachine:
         overlay: Path,
         log: logging.Logger,
         nursery: trio.Nursery,
-        gateway: Gateway | None = None,
+        gateway: NetGate | None = None,
     ) -> None:
         self.spec = spec
         self.gateway = gateway
@@ -598,9 +636,11 @@ class SmolvmMachine:
         self.guest_kernel: str | None = None
         #: Called with (pid, start ticks) as soon as QEMU runs (snapshot builds record it).
         self.on_started: Callable[[int, int | None], None] | None = None
+        confinement = identity.describe()
+        confinement["seccomp"] = USER_SANDBOX if isinstance(gateway, UserGate) else SANDBOX
         self.info = MachineInfo(
             backend=Backend.SMOLVM, accel=config.accel, pid=None, pid_start_ticks=None,
-            image=config.assets.image_digest, confinement=identity.describe(),
+            image=config.assets.image_digest, confinement=confinement,
             security_boundary=config.accel is not Accel.TCG,
         )
 
@@ -617,8 +657,13 @@ class SmolvmMachine:
         extra: dict[str, Any] = {}
         if ident.per_rig:
             extra = {"user": ident.uid, "group": ident.gid, "extra_groups": list(ident.extra_groups)}
-        # The gateway makes the tap inside its namespace; QEMU only gets the fd.
-        tap_fd = await self.gateway.open_tap_fd() if self.gateway is not None else None
+        # The gateway makes the tap inside its namespace; QEMU only gets the fd. In user
+        # mode QEMU's relay helpers hand connections over on a socket in the rig's directory.
+        tap_fd = None
+        if isinstance(self.gateway, UserGate):
+            await self.gateway.listen(self.rig_dir / SOCKET_NAME, owner_uid=ident.uid)
+        elif self.gateway is not None:
+            tap_fd = await self.gateway.open_tap_fd()
         argv = self.argv(incoming=incoming, tap_fd=tap_fd)
         try:
             self.proc = await trio.lowlevel.open_process(
@@ -746,12 +791,15 @@ class SmolvmMachine:
 
     def set_egress(self, policy: Any) -> None:
         if self.gateway is None:
-            raise BackendError("this rig has no network (the server runs without CAP_NET_ADMIN)")
+            raise BackendError("this rig has no network (the server runs with --network none)")
         self.gateway.set_allowlist(policy)
 
     def network_info(self) -> dict[str, Any]:
         if self.gateway is None:
             return {"mode": "none"}
+        if isinstance(self.gateway, UserGate):
+            return {"mode": "user", "allow": list(self.gateway.policy.allow),
+                    "brokered": self.gateway.ca_pem is not None, **self.gateway.describe()}
         return {"mode": "gateway", "allow": list(self.gateway.policy.allow),
                 "brokered": self.gateway.ca_pem is not None}
 

@@ -25,6 +25,7 @@ from hypercorn.trio import serve as hyper_serve
 
 from netgate.broker import SecretStore
 from netgate.topology import cleanup_leftovers
+from netgate.usermode import helper_python
 from rigd.auth import Signer, load_or_create_key
 from rigd.backends.accel import native_accel, probe
 from rigd.backends.confine import check_reachable, make_shared_dir
@@ -53,7 +54,9 @@ class ServeConfig:
     memory_budget_mb: int = 12 * 1024
     reap_interval_s: float = 1.0
     warm_starts: bool = True
-    #: "auto": a gateway per rig when the server may manage network namespaces; "none": no network.
+    #: "auto": a gateway namespace per rig when the server may manage network namespaces (root with
+    #: CAP_NET_ADMIN and CAP_SYS_ADMIN, ``ip`` and ``nft`` present), else QEMU user networking
+    #: (``restrict=on``) relayed to the same proxy; "gateway"/"user" force one; "none": no network.
     network: str = "auto"
     resolver: tuple[str, int] | None = None
     upstream_netns: str | None = None
@@ -131,23 +134,98 @@ def gateway_prefix(data_dir: Path) -> str:
     return "r" + hashlib.sha256(str(data_dir).encode()).hexdigest()[:3]
 
 
+CAP_NET_ADMIN = 12
+CAP_SYS_ADMIN = 21
+NETWORK_MODES = ("auto", "gateway", "user", "none")
+
+
+def effective_caps(status: Path = Path("/proc/self/status")) -> int:
+    """The process's effective capability set (0 when it cannot be read)."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def choose_network(requested: str, *, euid: int, caps: int, missing_tools: list[str],
+                   qemu_user_net: bool) -> tuple[str | None, str]:
+    """The network mode (``"gateway"``, ``"user"`` or None) and why.
+
+    Pure; raises :class:`RigdError` when a forced mode cannot work.
+
+    The rootful gateway needs root with CAP_NET_ADMIN (links, nftables) and
+    CAP_SYS_ADMIN (namespaces), and the ``ip`` and ``nft`` tools; user mode
+    needs only a QEMU built with user networking (slirp).
+    """
+    if requested not in NETWORK_MODES:
+        raise RigdError(f"--network {requested!r} is not one of {', '.join(NETWORK_MODES)}")
+    if requested == "none":
+        return None, "--network none"
+    lacking = []
+    if euid != 0:
+        lacking.append("not running as root")
+    for bit, name in ((CAP_NET_ADMIN, "CAP_NET_ADMIN"), (CAP_SYS_ADMIN, "CAP_SYS_ADMIN")):
+        if not caps >> bit & 1:
+            lacking.append(f"no {name}")
+    if missing_tools:
+        lacking.append(f"missing {', '.join(missing_tools)}")
+    if requested == "gateway":
+        if lacking:
+            raise RigdError("--network gateway cannot work: " + "; ".join(lacking))
+        return "gateway", "--network gateway"
+    if requested == "user":
+        if not qemu_user_net:
+            raise RigdError("--network user cannot work: this QEMU has no user networking (slirp)")
+        return "user", "--network user"
+    if not lacking:
+        return "gateway", "root with CAP_NET_ADMIN"
+    if qemu_user_net:
+        return "user", "; ".join(lacking)
+    return None, "; ".join(lacking) + "; and this QEMU has no user networking (slirp)"
+
+
+async def qemu_has_user_net(qemu: str) -> bool:
+    try:
+        result = await trio.run_process([qemu, "-netdev", "help"], capture_stdout=True, capture_stderr=True,
+                                        check=False)
+    except OSError:
+        return False
+    return "user" in result.stdout.decode("utf-8", "replace").split()
+
+
 async def _network(config: ServeConfig, data_dir: Path) -> tuple[NetworkConfig | None, SecretStore | None]:
-    """Rootful gateways when we may manage namespaces; otherwise no network (said loudly)."""
+    """A gateway namespace per rig when we may manage namespaces; else QEMU user networking
+    (``restrict=on``) relayed to the same proxy; no network only when neither works (said loudly)."""
     if config.network == "none":
         return None, None
-    missing = [t for t in ("ip", "nft") if shutil.which(t) is None]
-    if os.geteuid() != 0 or missing:
-        why = "not running as root (no CAP_NET_ADMIN)" if os.geteuid() != 0 else (
-            f"missing {', '.join(missing)}")
-        log.warning("rigs get no network: %s; the rootless mode is not built yet", why)
+    mode, why = choose_network(
+        config.network, euid=os.geteuid(), caps=effective_caps(),
+        missing_tools=[t for t in ("ip", "nft") if shutil.which(t) is None],
+        qemu_user_net=await qemu_has_user_net(config.qemu),
+    )
+    if mode is None:
+        log.warning("rigs get no network: %s", why)
         return None, None
+    broker = SecretStore(data_dir)
+    common = functools.partial(NetworkConfig, resolver=config.resolver, upstream_netns=config.upstream_netns,
+                               broker=broker, upstream_ca=config.upstream_ca)
+    if mode == "user":
+        try:
+            python = helper_python()
+        except RuntimeError as exc:
+            raise RigdError(f"user-mode networking: {exc}") from exc
+        log.warning("rigs get user-mode networking (QEMU slirp, restrict=on, relayed to the egress proxy; "
+                    "QEMU's sandbox allows spawn in this mode): %s", why)
+        return common(mode="user", helper_python=python), broker
     prefix = gateway_prefix(data_dir)
     removed = await trio.to_thread.run_sync(lambda: cleanup_leftovers(prefix, keep=()))
     if removed.namespaces or removed.links:
         log.info("removed network objects a previous server left: %s", removed)
-    broker = SecretStore(data_dir)
-    return NetworkConfig(resolver=config.resolver, upstream_netns=config.upstream_netns,
-                         broker=broker, prefix=prefix, upstream_ca=config.upstream_ca), broker
+    log.info("rigs get a gateway namespace each (%s)", why)
+    return common(mode="gateway", prefix=prefix), broker
 
 
 async def _warm_pack(backend: SmolvmBackend) -> None:
@@ -207,7 +285,7 @@ async def _serve(
     rigs = RigManager(
         stores, {Surface.TERMINAL: backend}, accel=accel, accel_problem=problem,
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
-        network="gateway" if network is not None else None,
+        network=network.mode if network is not None else None,
     )
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
