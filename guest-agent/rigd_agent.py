@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""rigd in-guest agent, wire protocol v1 (see docs/guest-protocol.md).
+"""rigd in-guest agent, wire protocols 1 and 2 (see docs/guest-protocol.md).
 
 How this works
 --------------
@@ -50,8 +50,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-PROTO = 1
-AGENT = "rigd-agent/1"
+PROTO = 1  # the terminal agent: exec, ptys, reseed
+PROTO_DESKTOP = 2  # with an X session: frames, pointer, modes, selections (docs/guest-protocol.md)
 PORT_NAME = "rigd.agent"
 MAX_LINE = 1 << 20  # bytes per line, newline excluded, both directions
 CHUNK = 48 * 1024  # raw bytes per streamed chunk (64 KiB once base64'd)
@@ -200,6 +200,28 @@ def field_b64(req: dict[str, Any], name: str, *, required: bool = False) -> byte
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise BadRequest(f"{name} is not valid base64") from None
+
+
+def field_bool(req: dict[str, Any], name: str, *, default: bool) -> bool:
+    value = req.get(name)
+    if value is None:
+        return default
+    if type(value) is not bool:
+        raise BadRequest(f"{name} must be a boolean")
+    return value
+
+
+def field_choice(req: dict[str, Any], name: str, choices: tuple[str, ...], *, default: str) -> str:
+    value = req.get(name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise BadRequest(f"{name} must be one of {', '.join(choices)}")
+    return str(value)
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
 
 
 def check_cwd(cwd: str) -> None:
@@ -363,14 +385,576 @@ def _winsize(rows: int, cols: int) -> bytes:
 
 
 # --------------------------------------------------------------------------
+# the desktop (guest protocol 2): an X session the agent can see
+#
+# Everything here runs only when the agent knows an X display (DISPLAY from
+# its own environment or the image's session file).  The third-party modules
+# it uses (python3-pil, python3-xlib) and tools (xrandr, xclip) are imported
+# or looked up lazily, so the agent still starts on the terminal tools disk,
+# whose interpreter has nothing but the standard library.
+
+SESSION_ENV_FILE = "/etc/rigd/session.env"
+SESSION_KEYS = ("DISPLAY", "XAUTHORITY")  # taken from the agent's own environment too
+DESKTOP_FEATURES = (
+    "screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env",
+)  # fmt: skip
+NO_DISPLAY = "no display: this rig has no X session"
+INLINE_MAX = 512 * 1024  # bigger payloads (images, clipboard text) go as streamed `data` chunks
+MAX_CLIPBOARD = 1 << 20  # bytes of UTF-8, both directions
+SCREEN_MAX = (2560, 1600)  # the largest still anyone may ask for (RIGS.md §7: people)
+SCREEN_DEFAULT = (1280, 800)  # the agent lane's cap
+MODE_MIN = (640, 480)
+MODE_MAX = (2560, 1600)
+SELECTIONS = {"clipboard": "CLIPBOARD", "primary": "PRIMARY", "xdnd": "XdndSelection"}
+# Text targets asked of a selection owner, best first (decoding per target).
+TEXT_TARGETS = ("UTF8_STRING", "text/plain;charset=utf-8", "STRING", "TEXT", "text/plain", "text/uri-list")
+SELECTION_TIMEOUT_S = 3.0
+XRANDR_TIMEOUT_S = 20.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DISPLAY_NAME = re.compile(r"(?P<host>[^:]*):(?P<num>\d+)(?:\.\d+)?\Z")
+
+
+def read_session_env(path: str | None, own: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The X session's environment: ``KEY=VALUE`` lines of ``path``, then
+    ``DISPLAY``/``XAUTHORITY`` of the agent's own environment over them.
+
+    Empty unless a ``DISPLAY`` is known: no display, no desktop.
+    """
+    env: dict[str, str] = {}
+    text = ""
+    if path:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(65536)
+        except OSError:
+            text = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[7:].lstrip()
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not _ENV_NAME.match(key) or "\0" in value:
+            continue
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key] = value
+    for key in SESSION_KEYS:
+        if own.get(key):
+            env[key] = own[key]
+    return env if env.get("DISPLAY") else {}
+
+
+def fit_size(width: int, height: int, max_w: int, max_h: int) -> tuple[int, int, float]:
+    """Scale a ``width``x``height`` screen down (never up) to fit ``max_w``x``max_h``.
+
+    Returns ``(image_w, image_h, scale)`` where ``scale`` is display pixels
+    per image pixel: a point ``(x, y)`` of the image is ``(x*scale, y*scale)``
+    on the screen.
+    """
+    scale = max(width / max_w, height / max_h, 1.0)
+    if scale == 1.0:
+        return width, height, 1.0
+    image_w = max(1, min(max_w, round(width / scale)))
+    image_h = max(1, min(max_h, round(height / scale)))
+    return image_w, image_h, scale
+
+
+#: The cursor mark: magenta with a black rim, readable on any background.
+MARK_FILL = (255, 0, 255)
+MARK_RIM = (0, 0, 0)
+MARK_RADIUS = 7
+
+
+def mark_cursor(image: Any, x: float, y: float) -> None:
+    """Draw the pointer's position on ``image`` (in place): a ring with four
+    ticks around the hot spot, whose own pixel is left untouched. Its size is
+    in image pixels, so it reads the same at any scale."""
+    from PIL import ImageDraw
+
+    draw = ImageDraw.Draw(image)
+    cx, cy, r = round(x), round(y), MARK_RADIUS
+    ticks = [((cx - r - 5, cy), (cx - r + 1, cy)), ((cx + r - 1, cy), (cx + r + 5, cy)),
+             ((cx, cy - r - 5), (cx, cy - r + 1)), ((cx, cy + r - 1), (cx, cy + r + 5))]  # fmt: skip
+    for colour, width, grow in ((MARK_RIM, 5, 1), (MARK_FILL, 3, 0)):
+        for a, b in ticks:
+            draw.line([a, b], fill=colour, width=width)
+        box = [cx - r - grow, cy - r - grow, cx + r + grow, cy + r + grow]
+        draw.ellipse(box, outline=colour, width=width)
+
+
+def _resample_box() -> Any:
+    from PIL import Image
+
+    resampling = getattr(Image, "Resampling", Image)  # Pillow < 9.1 has the bare names
+    return resampling.BOX
+
+
+def encode_image(image: Any, fmt: str, quality: int) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    if fmt == "png":
+        image.save(buf, "PNG", compress_level=1)  # level 1: ~25% faster than 6 under TCG
+    else:
+        image.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def cvt_modeline(width: int, height: int, refresh: float = 60.0) -> list[str]:
+    """A VESA CVT modeline (``xrandr --newmode`` arguments after the name).
+
+    The CVT formula of ``cvt WIDTH HEIGHT`` (libxcvt), without its rounding
+    of the active width: a virtual display takes any width, and the mode
+    must be exactly the size asked for. The image has no ``cvt`` binary.
+    """
+    gran, min_v_porch, min_vsync_bp, hsync_pct, clock_step = 8, 3, 550.0, 8, 250
+    if height % 3 == 0 and height * 4 // 3 == width:
+        vsync = 4
+    elif height % 9 == 0 and height * 16 // 9 == width:
+        vsync = 5
+    elif height % 10 == 0 and height * 16 // 10 == width:
+        vsync = 6
+    elif (height % 4 == 0 and height * 5 // 4 == width) or (height % 9 == 0 and height * 15 // 9 == width):
+        vsync = 7
+    else:
+        vsync = 10
+    hperiod = (1_000_000.0 / refresh - min_vsync_bp) / (height + min_v_porch)  # microseconds
+    vsync_bp = max(int(min_vsync_bp / hperiod) + 1, vsync + min_v_porch)
+    vtotal = height + vsync_bp + min_v_porch
+    c_prime, m_prime = 30.0, 300.0
+    hblank_pct = max(c_prime - m_prime * hperiod / 1000.0, 20.0)
+    hblank = int(width * hblank_pct / (100.0 - hblank_pct))
+    hblank -= hblank % (2 * gran)
+    htotal = width + hblank
+    hsync_end = width + hblank // 2
+    hsync_start = hsync_end - (htotal * hsync_pct) // 100
+    hsync_start += gran - hsync_start % gran
+    vsync_start = height + min_v_porch
+    clock = int(htotal * 1000.0 / hperiod)
+    clock -= clock % clock_step
+    numbers = (width, hsync_start, hsync_end, htotal, height, vsync_start, vsync_start + vsync, vtotal)
+    return [f"{clock / 1000:.2f}", *map(str, numbers), "-hsync", "+vsync"]
+
+
+_XR_SCREEN = re.compile(r"^Screen \d+:.*\bcurrent (\d+) x (\d+)")
+_XR_OUTPUT = re.compile(r"^(\S+) (connected|disconnected)( primary)?")
+_XR_MODE = re.compile(r"^\s+((\d+)x(\d+)\S*)\s*(.*)$")
+
+
+def parse_xrandr(text: str) -> dict[str, Any]:
+    """``xrandr --query`` → the screen size, the output in use and its modes.
+
+    The output is the primary connected one, else the first connected one.
+    Modes are listed once per size, in xrandr's order (preferred first).
+    """
+    width = height = 0
+    outputs: list[tuple[str, bool, list[dict[str, Any]]]] = []
+    current: list[dict[str, Any]] | None = None
+    for line in text.splitlines():
+        m = _XR_SCREEN.match(line)
+        if m:
+            width, height = int(m.group(1)), int(m.group(2))
+            current = None
+            continue
+        m = _XR_OUTPUT.match(line)
+        if m:
+            if m.group(2) == "connected":
+                current = []
+                outputs.append((m.group(1), bool(m.group(3)), current))
+            else:
+                current = None
+            continue
+        m = _XR_MODE.match(line)
+        if m and current is not None and line[:1].isspace():
+            rates = m.group(4)
+            mode = {"width": int(m.group(2)), "height": int(m.group(3)), "name": m.group(1),
+                    "current": "*" in rates, "preferred": "+" in rates}  # fmt: skip
+            size = (mode["width"], mode["height"])
+            same = next((x for x in current if (x["width"], x["height"]) == size), None)
+            if same is None:
+                current.append(mode)
+            else:
+                same["current"] = same["current"] or mode["current"]
+                same["preferred"] = same["preferred"] or mode["preferred"]
+        elif not line[:1].isspace():
+            current = None
+    chosen = next((o for o in outputs if o[1]), outputs[0] if outputs else None)
+    return {
+        "width": width,
+        "height": height,
+        "output": chosen[0] if chosen else None,
+        "modes": chosen[2] if chosen else [],
+        "maxWidth": MODE_MAX[0],
+        "maxHeight": MODE_MAX[1],
+    }
+
+
+def _x_error_text(exc: BaseException) -> str:
+    text = str(exc).strip().replace("\n", " ")
+    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 300)
+
+
+class Desktop:
+    """The X session of a computer rig, as root sees it.
+
+    One python-xlib connection is kept for quick queries (pointer, screen
+    size, selection owners) and re-made when the X server restarts; frames
+    are grabbed by Pillow's XCB code (C: faster than python-xlib's
+    ``get_image`` under emulation); selections are read on a connection of
+    their own (they need events); xclip owns written selections.
+    """
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = dict(env)
+        self.name = env["DISPLAY"]
+        # python-xlib and Xcb read these from the process environment. The
+        # agent's own environment is never handed to children.
+        os.environ["DISPLAY"] = self.name
+        if env.get("XAUTHORITY"):
+            os.environ["XAUTHORITY"] = env["XAUTHORITY"]
+        self.xlock = threading.Lock()
+        self.mode_lock = threading.Lock()
+        self.clip_lock = threading.Lock()
+        self._dpy: Any = None
+        self.has_pil = _has_module("PIL")
+        self.has_xlib = _has_module("Xlib")
+        self.xrandr = shutil.which("xrandr", path=CLEAN_PATH)
+        self.xclip = shutil.which("xclip", path=CLEAN_PATH)
+
+    def features(self) -> list[str]:
+        have = {
+            "screen": self.has_pil,
+            "cursor": self.has_xlib,
+            "display": bool(self.xrandr),
+            "set_display": bool(self.xrandr),
+            "clipboard_read": self.has_xlib,
+            "clipboard_write": bool(self.xclip) and self.has_xlib,
+            "session_env": True,
+        }
+        return [f for f in DESKTOP_FEATURES if have[f]]
+
+    def warm_up(self) -> None:
+        """Import the heavy modules early (0.4-0.7 s under TCG), off the request path."""
+        with contextlib.suppress(Exception):
+            if self.has_pil:
+                from PIL import Image, ImageDraw, ImageGrab  # noqa: F401
+
+                Image.preinit()
+            if self.has_xlib:
+                import Xlib.display  # noqa: F401
+
+    def reachable(self) -> bool:
+        """Cheap: does the X server's socket accept a connection (no X handshake)?"""
+        m = _DISPLAY_NAME.match(self.name)
+        if m is None:
+            return False
+        if self.env.get("XAUTHORITY") and not os.access(self.env["XAUTHORITY"], os.R_OK):
+            return False
+        host, num = m.group("host"), int(m.group("num"))
+        try:
+            if host in ("", "unix"):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(0.5)
+                    s.connect(f"/tmp/.X11-unix/X{num}")
+            else:
+                with socket.create_connection((host, 6000 + num), timeout=0.5):
+                    pass
+        except OSError:
+            return False
+        return True
+
+    # ---- python-xlib, the shared connection
+
+    def need(self, feature: str) -> None:
+        if feature not in self.features():
+            missing = {"screen": "python3-pil", "cursor": "python3-xlib", "display": "xrandr",
+                       "set_display": "xrandr", "clipboard_read": "python3-xlib",
+                       "clipboard_write": "xclip and python3-xlib"}.get(feature, feature)  # fmt: skip
+            raise Refused(f"no display support for {feature}: the image lacks {missing}")
+
+    def _connect(self) -> Any:
+        try:
+            import Xlib.display
+        except ImportError:
+            raise Refused("no display support: the image lacks python3-xlib") from None
+        try:
+            return Xlib.display.Display(self.name)
+        except Exception as exc:
+            why = _x_error_text(exc)
+            raise Refused(f"display not ready: cannot connect to {self.name} ({why})") from None
+
+    def x(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(display)`` on the shared connection; one retry on a fresh one."""
+        with self.xlock:
+            for attempt in (1, 2):
+                if self._dpy is None:
+                    self._dpy = self._connect()
+                try:
+                    return fn(self._dpy)
+                except Refused:
+                    raise
+                except Exception as exc:
+                    # The X server went away (lightdm restarted it) or the
+                    # connection broke: start over once, then give up.
+                    with contextlib.suppress(Exception):
+                        self._dpy.close()
+                    self._dpy = None
+                    if attempt == 2:
+                        raise Refused(f"display not ready: {_x_error_text(exc)}") from None
+        raise AssertionError("unreachable")
+
+    def geometry(self) -> tuple[int, int]:
+        def q(d: Any) -> tuple[int, int]:
+            g = d.screen().root.get_geometry()  # fresh: the setup block goes stale after xrandr
+            return int(g.width), int(g.height)
+
+        return tuple(self.x(q))  # type: ignore[return-value]
+
+    def pointer(self) -> tuple[int, int, int, int]:
+        """``(x, y, screen width, screen height)`` of the pointer."""
+
+        def q(d: Any) -> tuple[int, int, int, int]:
+            root = d.screen().root
+            p = root.query_pointer()
+            g = root.get_geometry()
+            return int(p.root_x), int(p.root_y), int(g.width), int(g.height)
+
+        return tuple(self.x(q))  # type: ignore[return-value]
+
+    def selection_owner(self, atom_name: str) -> int:
+        def q(d: Any) -> int:
+            owner = d.get_selection_owner(d.intern_atom(atom_name))
+            return int(getattr(owner, "id", owner) or 0)
+
+        return int(self.x(q))
+
+    # ---- frames
+
+    def grab(self) -> Any:
+        """The whole screen as a PIL RGB image (the cursor is never in it)."""
+        try:
+            from PIL import Image, ImageGrab
+        except ImportError:
+            raise Refused("no display support for screen: the image lacks python3-pil") from None
+        try:
+            return ImageGrab.grab(xdisplay=self.name)
+        except OSError as exc:
+            if "XCB support" not in str(exc):
+                raise Refused(f"display not ready: {_x_error_text(exc)}") from None
+        # A Pillow built without XCB: python-xlib's GetImage (slower).
+
+        def q(d: Any) -> Any:
+            import Xlib.X
+
+            root = d.screen().root
+            g = root.get_geometry()
+            raw = root.get_image(0, 0, g.width, g.height, Xlib.X.ZPixmap, 0xFFFFFFFF)
+            return Image.frombytes("RGB", (g.width, g.height), raw.data, "raw", "BGRX")
+
+        return self.x(q)
+
+    # ---- xrandr
+
+    def run_xrandr(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        if not self.xrandr:
+            raise Refused("no display support for display: the image lacks xrandr")
+        try:
+            return subprocess.run(
+                [self.xrandr, *args], stdin=subprocess.DEVNULL, capture_output=True,
+                env=clean_env(self.env), timeout=XRANDR_TIMEOUT_S, check=False, close_fds=True,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise Refused(f"xrandr {' '.join(args)} did not finish in {XRANDR_TIMEOUT_S:.0f} s") from None
+
+    def query_modes(self) -> dict[str, Any]:
+        res = self.run_xrandr("--query")
+        if res.returncode != 0:
+            err = res.stderr.decode("utf-8", "replace").strip()
+            raise Refused(f"display not ready: xrandr: {clip(err, 300) or f'exit {res.returncode}'}")
+        info = parse_xrandr(res.stdout.decode("utf-8", "replace"))
+        if not info["width"]:
+            raise Refused("display not ready: xrandr reported no screen")
+        return info
+
+    # ---- selections
+
+    def read_selection(self, which: str, limit: int) -> dict[str, Any]:
+        """Ask the owner of a selection for text; ``{"owner": False}`` if it has none."""
+        import select
+
+        import Xlib.X
+
+        atom_name = SELECTIONS[which]
+        d = self._connect()  # its own connection: the answer comes as events
+        try:
+            sel = d.intern_atom(atom_name)
+            owner = d.get_selection_owner(sel)
+            if int(getattr(owner, "id", owner) or 0) == 0:
+                return {"owner": False, "data": b"", "target": None, "truncated": False}
+            win = d.screen().root.create_window(
+                0, 0, 1, 1, 0, Xlib.X.CopyFromParent, event_mask=Xlib.X.PropertyChangeMask
+            )
+            prop = d.intern_atom("RIGD_SELECTION")
+            incr = d.intern_atom("INCR")
+            deadline = time.monotonic() + SELECTION_TIMEOUT_S
+
+            def next_event(pred: Callable[[Any], bool]) -> Any:
+                while True:
+                    while d.pending_events():
+                        ev = d.next_event()
+                        if pred(ev):
+                            return ev
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise Refused(f"the {which} owner did not answer within {SELECTION_TIMEOUT_S:.0f} s")
+                    select.select([d.fileno()], [], [], left)
+
+            def convert(target: str) -> Any:
+                win.convert_selection(sel, d.intern_atom(target), prop, Xlib.X.CurrentTime)
+                d.flush()
+                ev = next_event(lambda e: e.type == Xlib.X.SelectionNotify and e.requestor.id == win.id)
+                if ev.property == Xlib.X.NONE:
+                    return None
+                return win.get_full_property(prop, Xlib.X.AnyPropertyType, sizehint=1 << 16)
+
+            offered: list[str] = []
+            with contextlib.suppress(Refused):
+                got = convert("TARGETS")
+                if got is not None and got.format == 32:
+                    for a in list(got.value)[:256]:
+                        with contextlib.suppress(Exception):
+                            offered.append(d.get_atom_name(a))
+            order = [t for t in TEXT_TARGETS if t in offered] if offered else list(TEXT_TARGETS[:3])
+            for target in order:
+                got = convert(target)
+                if got is None:
+                    continue
+                if got.property_type == incr:
+                    data, truncated = self._read_incr(d, win, prop, limit, next_event)
+                else:
+                    data = _prop_bytes(got.value)
+                    truncated = len(data) > limit
+                    data = data[:limit]
+                win.delete_property(prop)
+                d.flush()
+                return {"owner": True, "data": data, "target": target, "truncated": truncated}
+            return {"owner": True, "data": b"", "target": None, "truncated": False}
+        finally:
+            with contextlib.suppress(Exception):
+                d.close()
+
+    @staticmethod
+    def _read_incr(
+        d: Any, win: Any, prop: int, limit: int, next_event: Callable[[Callable[[Any], bool]], Any]
+    ) -> tuple[bytes, bool]:
+        """ICCCM INCR: delete the property, then read each new value until an empty one."""
+        import Xlib.X
+
+        win.delete_property(prop)
+        d.flush()
+        out = bytearray()
+        truncated = False
+        while True:
+            next_event(lambda e: e.type == Xlib.X.PropertyNotify and e.window.id == win.id
+                       and e.atom == prop and e.state == Xlib.X.PropertyNewValue)  # fmt: skip
+            got = win.get_full_property(prop, Xlib.X.AnyPropertyType, sizehint=1 << 16)
+            chunk = _prop_bytes(got.value) if got is not None else b""
+            win.delete_property(prop)
+            d.flush()
+            if not chunk:
+                return bytes(out), truncated
+            room = limit - len(out)
+            if len(chunk) > room:
+                truncated = True
+                out += chunk[: max(room, 0)]
+                return bytes(out), truncated  # the owner gives up on its own later
+            out += chunk
+
+    def write_selection(self, which: str, data: bytes) -> None:
+        """Make xclip own ``which`` with ``data``; return once it does."""
+        if not self.xclip:
+            raise Refused("no display support for clipboard_write: the image lacks xclip")
+        atom_name = SELECTIONS[which]
+        with self.clip_lock:
+            before = self.selection_owner(atom_name)
+            # xclip forks a child that serves the selection until another
+            # owner takes it. That child keeps any inherited pipe open, so
+            # stdout/stderr go to /dev/null (HOST-NOTES) and only stdin is ours.
+            proc = subprocess.Popen(
+                [self.xclip, "-i", "-selection", which],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=clean_env(self.env), start_new_session=True, close_fds=True,
+            )  # fmt: skip
+            try:
+                proc.communicate(data, timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise Refused("xclip did not start within 10 s") from None
+            if proc.returncode != 0:
+                raise Refused(f"xclip failed (exit {proc.returncode}): is the display up?")
+            # The xclip parent exits as soon as it forks; the child's ownership
+            # may reach the server a moment later.
+            deadline = time.monotonic() + 2.0
+            while True:
+                owner = self.selection_owner(atom_name)
+                if owner and owner != before:
+                    return
+                if time.monotonic() > deadline:
+                    raise Refused(f"xclip did not take the {which} selection")
+                time.sleep(0.01)
+
+
+def _xrandr_ok(res: subprocess.CompletedProcess[bytes], what: str) -> None:
+    if res.returncode != 0:
+        err = res.stderr.decode("utf-8", "replace").strip()
+        raise Refused(f"set_display: xrandr {what} failed: {clip(err, 300) or f'exit {res.returncode}'}")
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _prop_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("latin-1", "replace")
+    return bytes(value)
+
+
+def decode_selection(data: bytes, target: str | None) -> str:
+    if target == "STRING":
+        return data.decode("latin-1")
+    return data.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------
 # the agent
 
 
 class Agent:
     def __init__(
-        self, chan: Channel, *, may_set_clock: bool, may_power_off: bool, sysroot: str | None = None
+        self,
+        chan: Channel,
+        *,
+        may_set_clock: bool,
+        may_power_off: bool,
+        sysroot: str | None = None,
+        desktop: Desktop | None = None,
     ) -> None:
         self.chan = chan
+        self.desktop = desktop  # None: a terminal rig (protocol 1), the desktop ops say "no display"
+        self.proto = PROTO_DESKTOP if desktop is not None else PROTO
+        self.agent_name = f"rigd-agent/{self.proto}"
         self.may_set_clock = may_set_clock  # also: may seed the kernel RNG and set a MAC
         self.may_power_off = may_power_off
         self.sysroot = sysroot  # where /etc/machine-id is written; None: nowhere
@@ -378,6 +962,7 @@ class Agent:
         self.ptys: dict[int, Pty] = {}
         self.next_pty = 1
         self.procs: dict[int, subprocess.Popen[bytes]] = {}  # running exec leaders
+        self.clip_parts: dict[str, bytes] = {}  # clipboard_write parts held until the last one
         self.shutting_down = False
         self.workers: set[threading.Thread] = set()
         self.inline: dict[str, Callable[[int, dict[str, Any]], None]] = {
@@ -392,7 +977,28 @@ class Agent:
             "pty_open": self.op_pty_open,
             "pty_close": self.op_pty_close,
             "shutdown": self.op_shutdown,
+            # protocol 2: they talk to the X server or run xrandr/xclip, so they may block
+            "screen": self.op_screen,
+            "screenshot": self.op_screen,
+            "cursor": self.op_cursor,
+            "display": self.op_display,
+            "set_display": self.op_set_display,
+            "clipboard_read": self.op_clipboard_read,
+            "clipboard_write": self.op_clipboard_write,
         }
+
+    def ready_event(self) -> dict[str, Any]:
+        ev: dict[str, Any] = {"ev": "ready", "proto": self.proto, "agent": self.agent_name}
+        ev["pid"] = os.getpid()
+        if self.desktop is not None:
+            ev["features"] = self.desktop.features()
+        return ev
+
+    def child_env(self, extra: dict[str, str] | None, term: str | None = None) -> dict[str, str]:
+        """The clean environment, the X session's (desktop only), then the request's."""
+        if self.desktop is None:
+            return clean_env(extra, term=term)
+        return clean_env({**self.desktop.env, **(extra or {})}, term=term)
 
     # ---- replies
 
@@ -503,10 +1109,14 @@ class Agent:
                 boot_s = float(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             boot_s = time.monotonic()
+        if self.desktop is not None:
+            extra["features"] = self.desktop.features()
+            extra["display"] = self.desktop.name
+            extra["displayReady"] = self.desktop.reachable()
         self.ok(
             rid,
-            proto=PROTO,
-            agent=AGENT,
+            proto=self.proto,
+            agent=self.agent_name,
             pid=os.getpid(),
             kernel=f"{u.sysname} {u.nodename} {u.release} {u.version} {u.machine}",
             hostname=u.nodename,
@@ -554,7 +1164,7 @@ class Agent:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd if cwd is not None else default_cwd(),
-            env=clean_env(env),
+            env=self.child_env(env),
             start_new_session=True,
             close_fds=True,
             bufsize=0,
@@ -720,7 +1330,7 @@ class Agent:
                 stdout=slave,
                 stderr=slave,
                 cwd=cwd if cwd is not None else default_cwd(),
-                env=clean_env(env, term=TERM),
+                env=self.child_env(env, term=TERM),
                 start_new_session=True,
                 preexec_fn=_set_ctty,
                 close_fds=True,
@@ -873,6 +1483,155 @@ class Agent:
             self.ptys.pop(pty.handle, None)
         self.chan.send({"ev": "pty_exit", "pty": pty.handle, **status_fields(returncode)})
 
+    # ---- the desktop (protocol 2)
+
+    def need_desktop(self, feature: str) -> Desktop:
+        if self.desktop is None:
+            raise Refused(NO_DISPLAY)
+        self.desktop.need(feature)
+        return self.desktop
+
+    def send_bulk(self, rid: int, data: bytes) -> dict[str, Any]:
+        """``data`` inline when small, else as ``data`` stream events (offset, ≤ 48 KiB each)."""
+        if len(data) <= INLINE_MAX:
+            return {"data": b64(data)}
+        return {"chunks": self._chunks(rid, data)}
+
+    def op_screen(self, rid: int, req: dict[str, Any]) -> None:
+        max_w = field_int(req, "maxWidth", default=SCREEN_DEFAULT[0], lo=16, hi=SCREEN_MAX[0])
+        max_h = field_int(req, "maxHeight", default=SCREEN_DEFAULT[1], lo=16, hi=SCREEN_MAX[1])
+        quality = field_int(req, "quality", default=75, lo=1, hi=100)
+        fmt = field_choice(req, "format", ("jpeg", "png"), default="jpeg")
+        mark = field_bool(req, "markCursor", default=True)
+        assert max_w is not None and max_h is not None and quality is not None
+        desk = self.need_desktop("screen")
+        t0 = time.monotonic()
+        image = desk.grab()
+        t_grab = time.monotonic()
+        cursor: list[int] | None = None
+        if desk.has_xlib:
+            with contextlib.suppress(Refused):
+                x, y, _, _ = desk.pointer()
+                cursor = [x, y]
+        width, height = image.size
+        image_w, image_h, scale = fit_size(width, height, max_w, max_h)
+        if (image_w, image_h) != (width, height):
+            image = image.resize((image_w, image_h), _resample_box())
+        marked = False
+        if mark and cursor is not None and 0 <= cursor[0] < width and 0 <= cursor[1] < height:
+            mark_cursor(image, cursor[0] / scale, cursor[1] / scale)
+            marked = True
+        t_scale = time.monotonic()
+        data = encode_image(image, fmt, quality)
+        t_enc = time.monotonic()
+        payload = self.send_bulk(rid, data)
+        self.ok(
+            rid,
+            displayWidth=width,
+            displayHeight=height,
+            imageWidth=image_w,
+            imageHeight=image_h,
+            scale=round(scale, 6),
+            cursor=cursor,
+            cursorMarked=marked,
+            format=fmt,
+            bytes=len(data),
+            timings={
+                "grabMs": _ms(t_grab - t0),
+                "scaleMs": _ms(t_scale - t_grab),
+                "encodeMs": _ms(t_enc - t_scale),
+                "totalMs": _ms(time.monotonic() - t0),
+            },
+            **payload,
+        )
+
+    def op_cursor(self, rid: int, req: dict[str, Any]) -> None:
+        desk = self.need_desktop("cursor")
+        x, y, width, height = desk.pointer()
+        self.ok(rid, cursor=[x, y], displayWidth=width, displayHeight=height)
+
+    def op_display(self, rid: int, req: dict[str, Any]) -> None:
+        desk = self.need_desktop("display")
+        self.ok(rid, **desk.query_modes())
+
+    def op_set_display(self, rid: int, req: dict[str, Any]) -> None:
+        width = field_int(req, "width", required=True, lo=MODE_MIN[0], hi=MODE_MAX[0])
+        height = field_int(req, "height", required=True, lo=MODE_MIN[1], hi=MODE_MAX[1])
+        assert width is not None and height is not None
+        desk = self.need_desktop("set_display")
+        with desk.mode_lock:
+            # Our own connection stays open across the xrandr runs: a server
+            # with no client left resets (Xvfb does), and a reset forgets a
+            # mode made by --newmode before --addmode can use it.
+            desk.geometry()
+            info = desk.query_modes()
+            before = (info["width"], info["height"])
+            if before != (width, height):
+                output = info["output"]
+                if output is None:
+                    raise Refused("set_display: xrandr lists no connected output")
+                mode = next((m for m in info["modes"] if (m["width"], m["height"]) == (width, height)), None)
+                name = mode["name"] if mode is not None else f"{width}x{height}"
+                if mode is None:
+                    # A size the display's EDID does not list: make the mode.
+                    # An existing mode of that name (an earlier set_display) is fine.
+                    desk.run_xrandr("--newmode", name, *cvt_modeline(width, height))
+                    _xrandr_ok(desk.run_xrandr("--addmode", output, name), "--addmode")
+                _xrandr_ok(desk.run_xrandr("--output", output, "--mode", name), "--output --mode")
+                info = desk.query_modes()
+        self.ok(rid, **info, changed=(info["width"], info["height"]) != before)
+
+    def op_clipboard_read(self, rid: int, req: dict[str, Any]) -> None:
+        which = field_choice(req, "selection", tuple(SELECTIONS), default="clipboard")
+        desk = self.need_desktop("clipboard_read")
+        got = desk.read_selection(which, MAX_CLIPBOARD)
+        text = decode_selection(got["data"], got["target"])
+        raw = text.encode("utf-8")
+        if len(raw) > MAX_CLIPBOARD:  # a STRING owner's Latin-1 grew in UTF-8
+            raw = raw[:MAX_CLIPBOARD].decode("utf-8", "ignore").encode("utf-8")
+            text = raw.decode("utf-8")
+            got["truncated"] = True
+        fields: dict[str, Any] = {"selection": which, "owner": got["owner"], "target": got["target"],
+                                  "bytes": len(raw), "truncated": got["truncated"]}  # fmt: skip
+        if len(json.dumps(text)) <= INLINE_MAX:  # ASCII-only JSON: \uXXXX escapes count
+            fields["text"] = text
+        else:
+            fields["chunks"] = self._chunks(rid, raw)  # UTF-8 bytes
+        self.ok(rid, **fields)
+
+    def _chunks(self, rid: int, data: bytes) -> int:
+        chunks = 0
+        for offset in range(0, len(data), CHUNK):
+            piece = b64(data[offset : offset + CHUNK])
+            self.chan.send({"id": rid, "ev": "data", "offset": offset, "data": piece})
+            chunks += 1
+        return chunks
+
+    def op_clipboard_write(self, rid: int, req: dict[str, Any]) -> None:
+        text = req.get("text")
+        if not isinstance(text, str):
+            raise BadRequest("text is required and must be a string")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("text is not valid Unicode (lone surrogate)") from None
+        which = field_choice(req, "selection", ("clipboard", "primary"), default="clipboard")
+        continues = field_bool(req, "continues", default=False)
+        desk = self.need_desktop("clipboard_write")
+        # A text too long for one request line comes in parts: every part but
+        # the last says continues=true and is held (per selection) until then.
+        with self.lock:
+            held = self.clip_parts.pop(which, b"")
+            total = len(held) + len(data)
+            if total > MAX_CLIPBOARD:
+                raise BadRequest(f"text is {total} bytes of UTF-8, over the {MAX_CLIPBOARD}-byte limit")
+            if continues:
+                self.clip_parts[which] = held + data
+                self.ok(rid, selection=which, bytes=total, pending=True)
+                return
+        desk.write_selection(which, held + data)
+        self.ok(rid, selection=which, bytes=total, pending=False)
+
     # ---- shutdown
 
     def op_shutdown(self, rid: int, req: dict[str, Any]) -> None:
@@ -996,9 +1755,16 @@ def power_off() -> None:
         log(f"reboot(RB_POWER_OFF) failed: errno {ctypes.get_errno()}")
     except Exception as exc:
         log(f"reboot() via ctypes unavailable: {exc!r}")
-    if os.path.exists(BUSYBOX):
+    # The syscall needs CAP_SYS_BOOT, which root has in both kinds of image;
+    # these are for the odd guest where it is refused anyway. The terminal
+    # tools disk has busybox; a desktop image has systemd (and no busybox).
+    for argv in ([BUSYBOX, "poweroff", "-f"], ["systemctl", "poweroff", "--force"], ["poweroff", "-f"]):
+        if argv[0].startswith("/") and not os.path.exists(argv[0]):
+            continue
         with contextlib.suppress(Exception):
-            subprocess.run([BUSYBOX, "poweroff", "-f"], env=clean_env(), check=False)
+            subprocess.run(argv, env=clean_env(), check=False, timeout=30,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(5)  # a poweroff that was accepted takes the machine down meanwhile
     log("could not power off")
 
 
@@ -1069,11 +1835,17 @@ def announce_console(console: str | None) -> None:
         os.close(fd)
 
 
-def ready_event() -> dict[str, Any]:
-    return {"ev": "ready", "proto": PROTO, "agent": AGENT, "pid": os.getpid()}
+def make_desktop(session_env: str | None) -> Desktop | None:
+    """The X session this agent serves, if it knows one (docs/guest-protocol.md, protocol 2)."""
+    env = read_session_env(session_env, os.environ)
+    if not env:
+        return None
+    desktop = Desktop(env)
+    threading.Thread(target=desktop.warm_up, name="warm-up", daemon=True).start()
+    return desktop
 
 
-def serve_stdio(sysroot: str | None = None) -> None:
+def serve_stdio(sysroot: str | None = None, session_env: str | None = None) -> None:
     # Keep the protocol on private fds and point 0/1 elsewhere, so a stray
     # print() can never corrupt the channel.
     rfd, wfd = os.dup(0), os.dup(1)
@@ -1083,9 +1855,10 @@ def serve_stdio(sysroot: str | None = None) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     chan = Channel(wfd)
-    agent = Agent(chan, may_set_clock=False, may_power_off=False, sysroot=sysroot)
+    agent = Agent(chan, may_set_clock=False, may_power_off=False, sysroot=sysroot,
+                  desktop=make_desktop(session_env))
     reader = LineReader()
-    chan.send(ready_event())
+    chan.send(agent.ready_event())
     while True:
         try:
             data = os.read(rfd, 65536)
@@ -1103,15 +1876,22 @@ def serve_stdio(sysroot: str | None = None) -> None:
 
 
 def serve_port(
-    spec: str, *, console: str | None, set_clock: bool, power: bool, sysroot: str | None = "/"
+    spec: str,
+    *,
+    console: str | None,
+    set_clock: bool,
+    power: bool,
+    sysroot: str | None = "/",
+    session_env: str | None = None,
 ) -> None:
     fd = open_port(spec)
     chan = Channel(fd)
-    agent = Agent(chan, may_set_clock=set_clock, may_power_off=power, sysroot=sysroot)
+    agent = Agent(chan, may_set_clock=set_clock, may_power_off=power, sysroot=sysroot,
+                  desktop=make_desktop(session_env))
     reader = LineReader()
     # The console line first: the ready line blocks until the host is connected.
     announce_console(console)
-    chan.send(ready_event())
+    chan.send(agent.ready_event())
     idle = 0.0
     while True:
         try:
@@ -1125,7 +1905,7 @@ def serve_port(
             close_quietly(fd)
             fd = new_fd
             reader.reset()
-            chan.send(ready_event())
+            chan.send(agent.ready_event())
             continue
         if not data:
             # virtio-serial reads return 0 while no host is connected: the
@@ -1224,7 +2004,7 @@ def spawn_agent_child(args: argparse.Namespace, *, console: str | None) -> int:
         with contextlib.suppress(OSError):
             os.setsid()
         serve_port(args.port, console=console, set_clock=not args.no_clock, power=not args.no_poweroff,
-                   sysroot=args.sysroot or "/")
+                   sysroot=args.sysroot or "/", session_env=args.session_env)
         code = 0
     except BaseException:
         with contextlib.suppress(BaseException):
@@ -1237,7 +2017,7 @@ def spawn_agent_child(args: argparse.Namespace, *, console: str | None) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rigd_agent", description="rigd in-guest agent (proto 1)")
+    p = argparse.ArgumentParser(prog="rigd_agent", description="rigd in-guest agent (proto 1; 2 with X)")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--stdio", action="store_true", help="speak on stdin/stdout (host tests)")
     mode.add_argument("--port", metavar="auto|PATH", help="the virtio-serial port to speak on")
@@ -1249,6 +2029,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sysroot", default=None,
                    help="where reseed writes etc/machine-id (port mode: /; --stdio: nowhere unless given)")
     p.add_argument("--no-poweroff", action="store_true", help="shutdown exits instead of powering off")
+    p.add_argument("--session-env", default=SESSION_ENV_FILE, metavar="PATH",
+                   help="KEY=VALUE file naming the X session (DISPLAY, XAUTHORITY); '' for none")
     args = p.parse_args(argv)
     if args.pid1 and args.stdio:
         p.error("--pid1 needs --port")
@@ -1266,10 +2048,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.pid1:
         run_pid1(args)
     elif args.stdio:
-        serve_stdio(args.sysroot)
+        serve_stdio(args.sysroot, args.session_env)
     else:
         serve_port(args.port, console=args.console, set_clock=not args.no_clock, power=not args.no_poweroff,
-                   sysroot=args.sysroot or "/")
+                   sysroot=args.sysroot or "/", session_env=args.session_env)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The host's sans-I/O view of the guest-agent channel (wire protocol v1).
+"""The host's sans-I/O view of the guest-agent channel (wire protocols 1 and 2).
 
 How this works
 --------------
@@ -18,6 +18,13 @@ first crosses the cap.  Beyond the shape of each message the protocol checks
 ``pty_out`` must name a pty that a ``pty_open`` reply handed out and that has
 not exited.  Anything else is garbage, so a guest cannot forge answers to
 requests nobody made.
+
+Protocol 2 (a computer rig's agent, with an X session) adds ops whose
+replies are plain :class:`Reply` bodies with checked shapes — ``screen``,
+``cursor``, ``display``, ``set_display``, ``clipboard_read``,
+``clipboard_write`` — and one stream event, ``data``: the bytes of an image
+or a clipboard text too big to sit in the reply line, in order, by offset.
+A ``ready`` of protocol 2 lists the agent's ``features``.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from rigd.errors import FieldError
 __all__ = [
     "MAX_LINE",
     "PROTO",
+    "PROTO_DESKTOP",
     "AgentError",
     "Event",
     "Garbage",
@@ -47,6 +55,9 @@ __all__ = [
 ]
 
 PROTO: Final = 1
+PROTO_DESKTOP: Final = 2  # a computer rig's agent: frames, pointer, modes, selections
+MAX_FEATURES: Final = 64  # a ready/hello lists at most this many features...
+MAX_FEATURE_LEN: Final = 64  # ...each at most this long
 MAX_LINE: Final = 1 << 20  # bytes per line, newline excluded, both directions
 _ABANDONED_MEMORY: Final = 4096  # how many abandoned request ids are remembered
 
@@ -57,11 +68,16 @@ _ABANDONED_MEMORY: Final = 4096  # how many abandoned request ids are remembered
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """The agent (re)started: ``{"ev":"ready"}``."""
+    """The agent (re)started: ``{"ev":"ready"}``.
+
+    ``features`` is what a protocol-2 agent can do now (``"screen"``,
+    ``"clipboard_read"``, …); empty for protocol 1.
+    """
 
     proto: int
     agent: str
     pid: int
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +190,71 @@ def _is_truncated(value: object) -> bool:
     return isinstance(value, dict) and type(value.get("stdout")) is bool and type(value.get("stderr")) is bool
 
 
+def _is_size(value: object) -> bool:
+    """A screen dimension in pixels (generous: X allows 32767)."""
+    return type(value) is int and 0 < value <= 32767
+
+
+def _is_scale(value: object) -> bool:
+    return type(value) in (int, float) and 1.0 <= value <= 1e4  # type: ignore[operator]
+
+
+def _is_point(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(type(v) is int and -32768 <= v <= 32767 for v in value)
+    )
+
+
+def _is_opt_point(value: object) -> bool:
+    return value is None or _is_point(value)
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_opt_str(value: object) -> bool:
+    return value is None or type(value) is str
+
+
+def _is_modes(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(m, dict)
+        and _is_size(m.get("width"))
+        and _is_size(m.get("height"))
+        and _is_str(m.get("name"))
+        for m in value
+    )
+
+
+def _is_features(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_FEATURES
+        and all(type(v) is str and 0 < len(v) <= MAX_FEATURE_LEN for v in value)
+    )
+
+
 _Check = Callable[[object], bool]
+
+_SCREEN_SHAPE: Final[Mapping[str, tuple[_Check, str]]] = {
+    "displayWidth": (_is_size, "a positive integer"),
+    "displayHeight": (_is_size, "a positive integer"),
+    "imageWidth": (_is_size, "a positive integer"),
+    "imageHeight": (_is_size, "a positive integer"),
+    "scale": (_is_scale, "a number >= 1"),
+    "cursor": (_is_opt_point, "an [x, y] pair of integers or null"),
+    "format": (lambda v: v in ("jpeg", "png"), "jpeg or png"),
+    "bytes": (_is_count, "a non-negative integer"),
+}
+_DISPLAY_SHAPE: Final[Mapping[str, tuple[_Check, str]]] = {
+    "width": (_is_size, "a positive integer"),
+    "height": (_is_size, "a positive integer"),
+    "output": (_is_opt_str, "a string or null"),
+    "modes": (_is_modes, "a list of {width, height, name}"),
+}
 
 # Fields an ``ok: true`` reply must carry, per op. Extra fields are allowed
 # (forward compatibility) and passed through in ``Reply.body``.
@@ -204,10 +284,39 @@ _REPLY_SHAPES: Final[Mapping[str, Mapping[str, tuple[_Check, str]]]] = {
     "pty_resize": {},
     "pty_close": {},
     "shutdown": {},
+    # protocol 2
+    "screen": _SCREEN_SHAPE,
+    "screenshot": _SCREEN_SHAPE,
+    "cursor": {
+        "cursor": (_is_point, "an [x, y] pair of integers"),
+        "displayWidth": (_is_size, "a positive integer"),
+        "displayHeight": (_is_size, "a positive integer"),
+    },
+    "display": _DISPLAY_SHAPE,
+    "set_display": {**_DISPLAY_SHAPE, "changed": (_is_bool, "a boolean")},
+    "clipboard_read": {
+        "selection": (lambda v: v in ("clipboard", "primary", "xdnd"), "clipboard, primary or xdnd"),
+        "owner": (_is_bool, "a boolean"),
+        "bytes": (_is_count, "a non-negative integer"),
+        "truncated": (_is_bool, "a boolean"),
+    },
+    "clipboard_write": {
+        "selection": (lambda v: v in ("clipboard", "primary"), "clipboard or primary"),
+        "bytes": (_is_count, "a non-negative integer"),
+        "pending": (_is_bool, "a boolean"),
+    },
 }
 
+#: Ops whose payload (``data`` for images, ``text`` for the clipboard) is either
+#: inline in the reply or was streamed as ``data`` events; the reply says which
+#: by carrying the payload field or ``chunks``.
+_BULK: Final[Mapping[str, str]] = {"screen": "data", "screenshot": "data", "clipboard_read": "text"}
+
 # Stream events each op may produce before its reply.
-_STREAMS: Final[Mapping[str, frozenset[str]]] = {"exec": frozenset({"out"})}
+_STREAMS: Final[Mapping[str, frozenset[str]]] = {
+    "exec": frozenset({"out"}),
+    **{op: frozenset({"data"}) for op in _BULK},
+}
 
 
 def _require(obj: Mapping[str, Any], name: str, check: _Check, what: str) -> Any:
@@ -269,6 +378,7 @@ class GuestProtocol:
         self._buf = bytearray()
         self._discarding = False
         self._line_bytes = 0  # size of the line being dispatched, newline included
+        self._bulk: dict[int, tuple[int, int]] = {}  # request id -> (bytes, chunks) of its data events
 
     # ---- sending
 
@@ -308,6 +418,7 @@ class GuestProtocol:
         ``late_messages`` instead of being reported as garbage.
         """
         op = self.pending.pop(request_id, None)
+        self._bulk.pop(request_id, None)
         if op is not None:
             self._abandoned[request_id] = op
             while len(self._abandoned) > _ABANDONED_MEMORY:
@@ -414,9 +525,13 @@ class GuestProtocol:
         proto = _require(obj, "proto", _is_int, "an integer")
         agent = _require(obj, "agent", _is_str, "a string")
         pid = _require(obj, "pid", _is_int, "an integer")
+        features: tuple[str, ...] = ()
+        if "features" in obj:
+            names = _require(obj, "features", _is_features, "a list of names")
+            features = tuple(_clean_text(f) for f in names)
         restarted = self.agent_pid is not None and pid != self.agent_pid
         self.agent_pid = pid
-        events.append(Ready(proto, _clean_text(agent), pid))
+        events.append(Ready(proto, _clean_text(agent), pid, features))
         if restarted:
             # A new agent process knows nothing of the old one's requests or ptys.
             # The new agent may still answer requests that were queued in the
@@ -453,13 +568,18 @@ class GuestProtocol:
                 if op == "pty_open" and body["pty"] in self.ptys:
                     raise _Malformed(f"pty {body['pty']} is already open")
                 if op == "hello":
+                    if "features" in body:
+                        _require(body, "features", _is_features, "a list of names")
                     pid = body.get("pid")
                     if _is_int(pid) and self.agent_pid is None:
                         self.agent_pid = pid
+                if op in _BULK:
+                    self._check_bulk(rid, _BULK[op], body)
             except _Malformed as exc:
                 # The request is final either way: fail it now rather than let
                 # its owner wait for a reply that will never come.
                 del self.pending[rid]
+                self._bulk.pop(rid, None)
                 reason = f"malformed {op} reply: {exc}"
                 self._garbage(self._line_bytes, reason, events)
                 events.append(Reply(rid, False, {}, f"guest sent a {reason}"))
@@ -467,6 +587,7 @@ class GuestProtocol:
             if op == "pty_open":
                 self.ptys.add(body["pty"])
         del self.pending[rid]
+        self._bulk.pop(rid, None)
         events.append(Reply(rid, ok, body, error))
 
     def _stream(self, rid: int, obj: dict[str, Any], events: list[Event]) -> None:
@@ -478,10 +599,33 @@ class GuestProtocol:
             raise _Malformed(f"{op} does not stream {_clean_text(name)[:64]!r}")
         body = {k: v for k, v in obj.items() if k not in ("id", "ev", "data")}
         data = _decode_b64(obj.get("data"), "data") if "data" in obj else b""
+        if "data" not in obj:
+            raise _Malformed("missing data")
         if name == "out":
             fd = _require(body, "fd", _is_int, "an integer")
             if fd not in (1, 2):
                 raise _Malformed(f"fd {fd} is neither 1 nor 2")
-            if "data" not in obj:
-                raise _Malformed("missing data")
+        elif name == "data":
+            # In order, no gaps: each chunk starts where the last one ended.
+            offset = _require(body, "offset", _is_count, "a non-negative integer")
+            have, chunks = self._bulk.get(rid, (0, 0))
+            if offset != have:
+                raise _Malformed(f"data at offset {offset}, expected {have}")
+            self._bulk[rid] = (have + len(data), chunks + 1)
         events.append(Stream(rid, name, body, data))
+
+    def _check_bulk(self, rid: int, field_name: str, body: Mapping[str, Any]) -> None:
+        """A payload is inline (``field_name``) xor streamed (``chunks``, matching what came)."""
+        have, chunks = self._bulk.get(rid, (0, 0))
+        if field_name in body:
+            if "chunks" in body:
+                raise _Malformed(f"both {field_name} and chunks")
+            _require(body, field_name, _is_str, "a string")
+            if chunks:
+                raise _Malformed(f"{field_name} inline after {chunks} data events")
+            return
+        count = _require(body, "chunks", _is_count, "a non-negative integer")
+        if count != chunks:
+            raise _Malformed(f"chunks says {count}, {chunks} data events came")
+        if have != body["bytes"]:
+            raise _Malformed(f"bytes says {body['bytes']}, {have} bytes of data came")

@@ -52,10 +52,18 @@ class AgentHarness:
         self.reader.start()
 
     @classmethod
-    def stdio(cls, *extra: str) -> AgentHarness:
-        argv = [sys.executable, "-I", str(AGENT), "--stdio", *extra]
-        # A variable in the agent's own environment must never reach its children.
-        env = {**os.environ, "RIGD_TEST_LEAK": "leaked", "PYTHONHOME": sys.prefix}
+    def stdio(
+        cls, *extra: str, python: str = sys.executable, env: dict[str, str] | None = None
+    ) -> AgentHarness:
+        """A ``--stdio`` agent. Without ``env``: a terminal agent (protocol 1),
+        whatever display the developer running the tests has."""
+        if env is None:
+            # A variable in the agent's own environment must never reach its children.
+            env = {**os.environ, "RIGD_TEST_LEAK": "leaked", "PYTHONHOME": sys.prefix}
+            env.pop("DISPLAY", None)
+            env.pop("XAUTHORITY", None)
+            extra = ("--session-env", "", *extra)
+        argv = [python, "-I", str(AGENT), "--stdio", *extra]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         assert proc.stdin is not None and proc.stdout is not None
         return cls(argv, rfd=proc.stdout.fileno(), wfd=proc.stdin.fileno(), proc=proc)
