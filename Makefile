@@ -35,7 +35,7 @@ images: venv
 images-desktop: venv
 	$(BIN)/python -m rigd.images desktop
 
-run: images
+run: images images-desktop
 	@if $(BIN)/rigd accel-probe; then accel=""; \
 	else echo "rigd: no working hardware acceleration here (see the line above);"; \
 	     echo "rigd: starting with --accel tcg: software emulation, fine for development, NOT a security boundary."; \

@@ -231,6 +231,29 @@ def cmd_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images_desktop(args: argparse.Namespace) -> int:
+    from rigd.images.desktop import build_desktop
+
+    image = build_desktop(Path(args.cache_dir) if args.cache_dir else None)
+    print(f"desktop image {image.manifest_path} (guest protocol {image.guest_protocol})")
+    return 0
+
+
+def cmd_images_import(args: argparse.Namespace) -> int:
+    from rigd.images.importer import import_image
+
+    data_dir = Path(args.data_dir) if args.data_dir else _default_data_dir()
+
+    def say(msg: str) -> None:
+        print(f"import: {msg}", file=sys.stderr, flush=True)
+
+    image = import_image(args.source, args.sha256, data_dir, progress=say)
+    state = "already imported" if image.already_present else "imported"
+    print(f"{state}: {image.dir} (sha256:{image.sha256}, {image.manifest.surface}, "
+          f"guest protocol {image.guest_protocol})")
+    return 0
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     import trio
 
@@ -338,11 +361,20 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("params", nargs="?")
     sp.set_defaults(fn=cmd_rpc)
 
-    sp = sub.add_parser("images", help="build the default images")
+    sp = sub.add_parser("images", help="build the default images; import a desktop image")
     isub = sp.add_subparsers(dest="images_cmd", required=True)
     ib = isub.add_parser("build")
     ib.add_argument("--cache-dir")
     ib.set_defaults(fn=cmd_images)
+    idk = isub.add_parser("desktop", help="build the computer (desktop) image (minutes, cached)")
+    idk.add_argument("--cache-dir")
+    idk.set_defaults(fn=cmd_images_desktop)
+    imp = isub.add_parser(
+        "import", help="copy a desktop image into the data directory if its sha256 matches")
+    imp.add_argument("source", help="path, file:// or http(s):// URL of a rigd-image.json or a bare qcow2")
+    imp.add_argument("--sha256", required=True, help="the digest of that file (hex or sha256:hex)")
+    imp.add_argument("--data-dir", help="the server's data directory (default: $RIGD_DATA_DIR)")
+    imp.set_defaults(fn=cmd_images_import)
 
     sp = sub.add_parser("accel-probe", help="boot once to see whether an accelerator works")
     sp.add_argument("--accel", choices=[a.value for a in Accel])

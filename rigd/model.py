@@ -55,6 +55,13 @@ class Accel(enum.StrEnum):
     TCG = "tcg"
 
 
+#: The accelerator each computer backend runs on, and back.
+ACCEL_OF: dict[Backend, Accel] = {
+    Backend.QEMU_KVM: Accel.KVM, Backend.QEMU_HVF: Accel.HVF, Backend.QEMU_TCG: Accel.TCG,
+}
+BACKEND_OF: dict[Accel, Backend] = {a: b for b, a in ACCEL_OF.items()}
+
+
 class Tool(enum.StrEnum):
     TERMINAL_USE = "terminal_use"
     COMPUTER_USE = "computer_use"
@@ -193,7 +200,7 @@ HUMAN_STILL_MAX = Display(2560, 1600)
 
 #: Surfaces this build of rigd can boot. Others parse and validate but are
 #: refused at ``rig.open`` with an error that says so.
-BUILT_SURFACES: frozenset[Surface] = frozenset({Surface.TERMINAL})
+BUILT_SURFACES: frozenset[Surface] = frozenset({Surface.TERMINAL, Surface.COMPUTER})
 
 #: The revision of the terminal toolkit baked into packs; part of the pack key.
 TOOLS_REVISION = "tools-v1"

@@ -47,7 +47,18 @@ from rigd.backends.procs import proc_alive
 from rigd.errors import BackendError, Conflict, FieldError, Forbidden, NotFound, RigdError
 from rigd.events import EventBus
 from rigd.framing import untrusted_bytes
-from rigd.model import TOOL_SURFACES, Accel, CloseReason, Display, Phase, Surface, Tool
+from rigd.model import (
+    ACCEL_OF,
+    BACKEND_OF,
+    TOOL_SURFACES,
+    Accel,
+    Backend,
+    CloseReason,
+    Display,
+    Phase,
+    Surface,
+    Tool,
+)
 from rigd.params import OpenParams, ident, integer, no_extra, obj, parse_open, string
 from rigd.scheduler import Admit, Park, RigState, plan_admission, plan_idle
 from rigd.store.aio import Stores
@@ -283,6 +294,8 @@ class RigManager:
                 "software emulation (not a security boundary)",
                 field="accel",
             )
+        if params.surface is Surface.COMPUTER:
+            params = self._computer_backend(params, raw)
         db = await self.stores.workspace(ws_id)
         if params.conversation is not None and params.surface is Surface.TERMINAL:
             lock = self._open_locks.setdefault((ws_id, params.conversation), trio.Lock())
@@ -297,6 +310,23 @@ class RigManager:
         else:
             rig = await self._start(caller, params, ws_id, db)
         return await self._answer_open(rig, params.wait)
+
+    def _computer_backend(self, params: OpenParams, raw: object) -> OpenParams:
+        """A computer rig runs on the server's accelerator (qemu-kvm, qemu-hvf, or
+        qemu-tcg when the server was started with ``--accel tcg``) unless the
+        caller names a backend; software emulation is used only when named."""
+        assert self.accel is not None
+        named = isinstance(raw, dict) and raw.get("backend") is not None
+        if not named:
+            return dataclasses.replace(params, backend=BACKEND_OF[self.accel])
+        want = ACCEL_OF[params.backend]
+        if want is not Accel.TCG and want is not self.accel:
+            raise FieldError(
+                "backend",
+                f"{params.backend} needs {want}, and this server runs with {self.accel}; "
+                f"use {BACKEND_OF[self.accel]} (or qemu-tcg, software emulation)",
+            )
+        return params
 
     async def _answer_open(self, rig: LiveRig, wait: bool) -> dict[str, Any]:
         if wait:
@@ -385,8 +415,11 @@ class RigManager:
             self._nursery.start_soon(self._net_audit_writer, rig, receive)
             network = NetSpec(policy=rig.policy, audit=self._net_audit_sink(rig),
                               workspace=row.workspace_id)
-        spec = MachineSpec(rig_id=row.id, surface=Surface(row.surface),
-                           memory_mb=row.memory_mb, vcpus=row.vcpus, network=network)
+        spec = MachineSpec(
+            rig_id=row.id, surface=Surface(row.surface), memory_mb=row.memory_mb,
+            vcpus=row.vcpus, network=network, accel=ACCEL_OF.get(Backend(row.backend)),
+            display=(row.display_w, row.display_h) if row.display_w and row.display_h else None,
+        )
         progress = self._progress_for(rig)
         try:
             with trio.CancelScope() as scope:
@@ -545,6 +578,12 @@ class RigManager:
             live = self.live.get(row.id)
             out.append(self.rig_json(live.row if live else row, live))
         return out
+
+    async def wait_settled(self, caller: Caller, rig_id: str) -> None:
+        """Wait until a rig that is coming up is ready (or failed)."""
+        _row, _db, live = await self._visible(caller, rig_id)
+        if live is not None:
+            await live.settled.wait()
 
     async def get(self, caller: Caller, raw: object) -> dict[str, Any]:
         params = obj(raw)
@@ -819,6 +858,45 @@ class RigManager:
             rig.lease_until = now + CONTROL_LEASE_S
         return {"rigId": rig_id, "phase": rig.row.phase, "watchedUntil": _iso_at(rig.watched_until)}
 
+    async def view_rig(self, caller: Caller, rig_id: str) -> LiveRig:
+        """The rig behind a live view: watched (pinned) from now, woken if parked."""
+        row, _db, live = await self._visible(caller, rig_id)
+        if live is None or live.phase not in lifecycle.LIVE:
+            raise Conflict(f"rig {rig_id} is {row.phase}; there is nothing to watch")
+        self.keep_watched(live)
+        async with live.state_lock:
+            if live.phase is Phase.PARKED:
+                await self._wake(live, "woken by a watcher")
+            lifecycle.require_phase(live.phase, frozenset({Phase.READY}), "watch the screen")
+        if live.machine is None:
+            raise Conflict(f"rig {rig_id}: the machine is not running")
+        return live
+
+    def keep_watched(self, rig: LiveRig) -> None:
+        """A watcher is still there (called by the live view, in memory)."""
+        rig.watched_until = self.clock() + WATCH_LAPSE_S
+
+    async def live_input(self, rig: LiveRig, caller: Caller, machine: Any,
+                         plan: list[Any], shape: dict[str, Any]) -> None:
+        """A person's input from the live view: audited (by shape), then sent through QMP."""
+        self._check_control(rig, caller)
+        seq = await self.stores.run(
+            rig.db.begin_action, rig.row.id, actor_kind=caller.actor_kind,
+            actor_id=caller.actor_id, tool="live_view", verb=str(shape.get("type", "?")), args=shape,
+        )
+        outcome, error = "error", None
+        try:
+            async with self._activity(rig, caller, "send input"):
+                await machine.send_plan(plan)
+            outcome = "ok"
+        except RigdError as exc:
+            error = exc.message[:300]
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.stores.run(rig.db.finish_action, rig.row.id, seq, outcome=outcome,
+                                      error=error, duration_ms=0)
+
     async def park(self, caller: Caller, raw: object) -> dict[str, Any]:
         params = obj(raw)
         no_extra(params, {"rigId"})
@@ -900,7 +978,15 @@ class RigManager:
         if isinstance(action, TerminalExec):
             result = await self.exec(machine, action, max_output=EXEC_OUTPUT_LIMIT)
             return exec_json(result, EXEC_OUTPUT_LIMIT)
-        return await machine.perform(action)
+        answer = await machine.perform(action)
+        display = answer.get("display")
+        if (isinstance(display, dict) and isinstance(display.get("width"), int)
+                and isinstance(display.get("height"), int)
+                and (display["width"], display["height"]) != (rig.row.display_w, rig.row.display_h)):
+            # The mode changed (set_display, or the guest itself): coordinates of
+            # later actions are checked against the new one.
+            await self._update(rig, display_w=display["width"], display_h=display["height"])
+        return answer
 
     async def exec(self, machine: Machine, action: TerminalExec, *, max_output: int) -> ExecResult:
         return await machine.exec(

@@ -36,6 +36,11 @@ class MachineSpec:
     memory_mb: int
     vcpus: int
     network: NetSpec | None = None
+    #: The accelerator this machine asks for (computer rigs name it through their
+    #: backend: qemu-kvm, qemu-hvf, qemu-tcg); None: the backend's own.
+    accel: Accel | None = None
+    #: The boot display mode (computer rigs).
+    display: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,8 @@ guests", choices and numbers in docs/images.md "Desktop image"):
   the agent's virtio-serial port is ``rigd.agent``, virtio-rng (entropy for
   systemd and Python), a free-page-reporting balloon (parked rigs hand RAM
   back), QMP and the serial console as unix sockets QEMU serves with
-  ``wait=off``, the seccomp sandbox, and **no NIC**.
+  ``wait=off``, and the seccomp sandbox. A NIC only when the caller passes a
+  ``netdev`` (the rig's egress gateway; see :mod:`rigd.backends.desktop`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def desktop_argv(
     input: str = "virtio",
     tsc_khz: int | None = -1,
     incoming: str | None = None,
+    mac: str | None = None,
+    netdev: str | None = None,
+    sandbox_opts: str = SANDBOX,
 ) -> list[str]:
     """Return the argv (``argv[0] == qemu``) that boots one computer rig.
 
@@ -89,7 +93,10 @@ def desktop_argv(
     manifest's ``cmdline``). ``width``/``height`` is the boot mode the
     display's EDID prefers. ``tsc_khz`` defaults to the host's value;
     ``incoming="defer"`` makes QEMU wait for a migration stream (warm start
-    from a snapshot).
+    from a snapshot). ``netdev`` (a ``-netdev`` value with ``id=net0``: the
+    egress gateway's tap by fd, or restricted user networking) adds a
+    virtio-net NIC with the rig's ``mac``; ``sandbox_opts`` is the
+    ``-sandbox`` value (user networking needs spawn).
     """
     if accel not in _ACCELS:
         raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
@@ -103,6 +110,8 @@ def desktop_argv(
         raise RigdError(f"height {height} is out of range (480..{MAX_HEIGHT})", field="height")
     if input not in INPUTS:
         raise RigdError(f"input {input!r} is not one of {', '.join(INPUTS)}", field="input")
+    if netdev is not None and mac is None:
+        raise RigdError("a NIC needs the rig's MAC", field="mac")
     if incoming is not None and incoming != "defer":
         raise RigdError(f"incoming {incoming!r} is not 'defer'", field="incoming")
     disp = display_device(display, width, height)
@@ -171,10 +180,12 @@ def desktop_argv(
         "-device",
         "virtio-balloon-pci,free-page-reporting=on",
     ]
+    if netdev is not None:
+        argv += ["-netdev", netdev, "-device", f"virtio-net-pci,netdev=net0,mac={mac}"]
     if incoming is not None:
         argv += ["-incoming", incoming]
     if sandbox:
-        argv += ["-sandbox", SANDBOX]
+        argv += ["-sandbox", sandbox_opts]
     return argv
 
 

@@ -177,22 +177,7 @@ def rig_argv(
     sandbox allows spawn (:data:`netgate.usermode.SANDBOX`).
     """
     assets = config.assets
-    net: dict[str, Any] = {}
-    cfg = config.network
-    if cfg is not None and cfg.mode == "user":
-        net = {
-            "netdev": user_netdev(rig_dir / SOCKET_NAME, python=cfg.helper_python or helper_python()),
-            "nic_netdev": "net0",
-            "cmdline_extra": [guest_net_arg()],
-            "sandbox_opts": USER_SANDBOX,
-        }
-    elif cfg is not None:
-        a = ADDRESSING
-        net = {
-            "netdev": f"tap,id=net0,fd={tap_fd},vhost=off",
-            "nic_netdev": "net0",
-            "cmdline_extra": [f"rigd.net={a.guest}/{a.prefixlen},{a.gateway},{a.dns}"],
-        }
+    net = net_argv(config, rig_dir, tap_fd)
     return microvm_argv(
         qemu=config.qemu, accel=str(config.accel), memory_mb=memory_mb, vcpus=vcpus,
         kernel=kernel or assets.kernel, initrd=initrd or assets.initrd, root_disk=overlay,
@@ -200,6 +185,28 @@ def rig_argv(
         agent_socket=rig_dir / "agent.sock", console_socket=rig_dir / "console.sock",
         mac=mac, incoming="defer" if incoming else None, **net,
     )
+
+
+def net_argv(config: SmolvmConfig, rig_dir: Path, tap_fd: int | str | None) -> dict[str, Any]:
+    """The NIC part of a rig's QEMU command line (``{}`` without a network):
+    ``netdev`` (id ``net0``), ``nic_netdev``, the guest's ``rigd.net=``
+    (``cmdline_extra``) and, in user mode, the sandbox that allows spawn."""
+    cfg = config.network
+    if cfg is not None and cfg.mode == "user":
+        return {
+            "netdev": user_netdev(rig_dir / SOCKET_NAME, python=cfg.helper_python or helper_python()),
+            "nic_netdev": "net0",
+            "cmdline_extra": [guest_net_arg()],
+            "sandbox_opts": USER_SANDBOX,
+        }
+    if cfg is not None:
+        a = ADDRESSING
+        return {
+            "netdev": f"tap,id=net0,fd={tap_fd},vhost=off",
+            "nic_netdev": "net0",
+            "cmdline_extra": [f"rigd.net={a.guest}/{a.prefixlen},{a.gateway},{a.dns}"],
+        }
+    return {}
 
 
 class SmolvmBackend:
@@ -634,6 +641,8 @@ class SmolvmMachine:
         self._shutting_down = False
         self.boot_deadline, self.grace = timeouts_for(config.accel)
         self.guest_kernel: str | None = None
+        #: The agent's last ``hello`` answer (protocol, features, display).
+        self.hello: dict[str, Any] = {}
         #: Called with (pid, start ticks) as soon as QEMU runs (snapshot builds record it).
         self.on_started: Callable[[int, int | None], None] | None = None
         confinement = identity.describe()
@@ -853,6 +862,7 @@ class SmolvmMachine:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(attempt, nursery.cancel_scope)
                 nursery.start_soon(on_ready, guest.ready_tick(), nursery.cancel_scope)
+        self.hello = answer[0]
         kernel = answer[0].get("kernel")
         self.guest_kernel = kernel[:300] if isinstance(kernel, str) else None
         return answer[0]

@@ -39,6 +39,9 @@ APPLETS = (
     "reboot",
     "sleep",
     "switch_root",
+    # the desktop init configures the rig's NIC before switch_root
+    "ip",
+    "rm",
     "test",
     "[",
 )

@@ -6,6 +6,8 @@ Routes:
   (enforced by hypercorn's ``websocket_max_message_size``).
 - ``/rig/term/<rigId>`` (WebSocket): an interactive PTY. Authenticated by a
   bearer token or a signed ``rig-term`` target, plus membership.
+- ``/rig/live/<rigId>`` (WebSocket): a computer rig's live view
+  (rigd.server.live). A bearer token or a signed ``rig-view`` target.
 - ``GET /healthz``.
 """
 
@@ -134,4 +136,22 @@ def create_app(ctx: ServerContext) -> QuartTrio:
 
         return await serve_terminal(ctx, rig_id)
 
+    @app.websocket("/rig/live/<rig_id>")
+    async def live(rig_id: str) -> Any:
+        from rigd.server.live import serve_live
+
+        return await serve_live(ctx, rig_id)
+
     return app
+
+
+async def lane_caller(ctx: ServerContext, kind: str, rig_id: str) -> Caller:
+    """Who opens a lane's WebSocket: a bearer token, or a signed ``<kind>:<ws>/<rig>``
+    target in the query (a signature for one kind verifies for no other)."""
+    token = bearer(websocket.headers.get("Authorization"))
+    if token is not None:
+        return await ctx.caller_from_token(token)
+    ws_id = await ctx.stores.run(ctx.stores.server.workspace_of_rig, rig_id) or "-"
+    signed = ctx.signer.verify(kind, ws_id, rig_id, dict(websocket.args))
+    user = await ctx.stores.run(ctx.stores.server.get_user, signed.user_id)
+    return Caller(user)

@@ -28,10 +28,14 @@ from netgate.topology import cleanup_leftovers
 from netgate.usermode import helper_python
 from rigd.auth import Signer, load_or_create_key
 from rigd.backends.accel import native_accel, probe
-from rigd.backends.confine import check_reachable, make_shared_dir
+from rigd.backends.confine import UidPool, check_reachable, make_shared_dir
+from rigd.backends.desktop import DesktopBackend
 from rigd.backends.smolvm import NetworkConfig, SmolvmBackend, SmolvmConfig
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets, find_assets
+from rigd.images.cache import sha256_file
+from rigd.images.desktop import find_desktop
+from rigd.images.importer import ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
 from rigd.model import LIMITS, Accel, Surface
 from rigd.rigs import RigManager
@@ -228,6 +232,38 @@ async def _network(config: ServeConfig, data_dir: Path) -> tuple[NetworkConfig |
     return common(mode="gateway", prefix=prefix), broker
 
 
+ImageProvider = Callable[[Callable[[str], None]], ImportedImage | None]
+
+
+def desktop_images(data_dir: Path, cache_dir: Path | None) -> ImageProvider:
+    """What computer rigs boot: the newest image imported into ``<dataDir>/rigs/images/``.
+
+    The desktop recipe's build in the cache (``make images-desktop``) is
+    imported on first use, checksum-pinned like any other import, so a rig
+    never boots a file that can change under it.
+    """
+
+    def current(progress: Callable[[str], None]) -> ImportedImage | None:
+        imported = list_imported(data_dir)
+        try:
+            built = find_desktop(cache_dir)
+        except RigdError:
+            built = None
+        if built is not None:
+            digest = sha256_file(built.manifest_path)
+            if not any(i.sha256 == digest for i in imported):
+                progress("importing the desktop image")
+                log.info("importing the built desktop image %s", built.dir)
+                import_image(built.manifest_path, digest, data_dir,
+                             progress=lambda m: log.info("desktop import: %s", m))
+                imported = list_imported(data_dir)
+        if not imported:
+            return None
+        return max(imported, key=lambda i: (i.dir.stat().st_mtime_ns, i.dir.name))
+
+    return current
+
+
 async def _warm_pack(backend: SmolvmBackend) -> None:
     """Unpack the default image and snapshot a booted machine of the default
     shape now, so the first rig.open neither unpacks nor boots cold."""
@@ -277,13 +313,13 @@ async def _serve(
         return rootfs
 
     network, broker = await _network(config, data_dir)
-    backend = SmolvmBackend(
-        SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets, qemu=config.qemu,
-                     warm_starts=config.warm_starts, network=network),
-        ensure_pack=make_pack,
-    )
+    smol_config = SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets,
+                               qemu=config.qemu, warm_starts=config.warm_starts, network=network)
+    uids = UidPool()  # one pool: no two rigs of any surface share a uid
+    backend = SmolvmBackend(smol_config, ensure_pack=make_pack, uids=uids)
+    desktop = DesktopBackend(smol_config, image=desktop_images(data_dir, config.cache_dir), uids=uids)
     rigs = RigManager(
-        stores, {Surface.TERMINAL: backend}, accel=accel, accel_problem=problem,
+        stores, {Surface.TERMINAL: backend, Surface.COMPUTER: desktop}, accel=accel, accel_problem=problem,
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
         network=network.mode if network is not None else None,
     )

@@ -184,8 +184,23 @@ def build_methods(
         ws_base = base_url[0].replace("http://", "ws://").replace("https://", "wss://") if base_url else ""
         return {"path": path, "url": ws_base + path, "expires": int(q["exp"])}
 
+    async def view_url(caller: Caller, raw: object) -> dict[str, Any]:
+        """A signed ``rig-view`` URL for a computer rig's live view (/rig/live/<rigId>)."""
+        params = obj(raw)
+        no_extra(params, {"rigId"})
+        rig_id = ident(params, "rigId")
+        assert rig_id is not None
+        rig = await rigs.get(caller, {"rigId": rig_id})
+        if rig["surface"] != "computer":
+            raise FieldError("rigId", f"a {rig['surface']} rig has no live view")
+        q = signer.sign("rig-view", rig["workspace"], rig_id, caller.user.id)
+        path = f"/rig/live/{rig_id}?u={q['u']}&exp={q['exp']}&sig={q['sig']}"
+        ws_base = base_url[0].replace("http://", "ws://").replace("https://", "wss://") if base_url else ""
+        return {"path": path, "url": ws_base + path, "expires": int(q["exp"])}
+
     return {
         "rig.open": Method(rigs.open),
+        "rig.viewUrl": Method(view_url),
         "rig.list": Method(rigs.list_rigs),
         "rig.get": Method(rigs.get),
         "rig.close": Method(rigs.close),

@@ -19,7 +19,7 @@ import trio
 from quart import websocket
 
 from rigd.errors import FieldError, RigdError
-from rigd.server.app import ServerContext, json_response
+from rigd.server.app import ServerContext, json_response, lane_caller
 
 MAX_COLS = 1000
 MAX_ROWS = 1000
@@ -36,7 +36,7 @@ def _size(msg: dict[str, Any]) -> tuple[int, int]:
 
 async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
     try:
-        caller = await _authenticate(ctx, rig_id)
+        caller = await lane_caller(ctx, "rig-term", rig_id)
         rig = await ctx.rigs.terminal_rig(caller, rig_id)
     except RigdError as exc:
         status = 404 if exc.code == -32004 else 409 if exc.code == -32009 else 401
@@ -115,16 +115,3 @@ async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
         with trio.CancelScope(shield=True):
             await log_close()
     return None
-
-
-async def _authenticate(ctx: ServerContext, rig_id: str) -> Any:
-    from rigd.auth import bearer
-    from rigd.rigs import Caller
-
-    token = bearer(websocket.headers.get("Authorization"))
-    if token is not None:
-        return await ctx.caller_from_token(token)
-    ws_id = await ctx.stores.run(ctx.stores.server.workspace_of_rig, rig_id) or "-"
-    signed = ctx.signer.verify("rig-term", ws_id, rig_id, dict(websocket.args))
-    user = await ctx.stores.run(ctx.stores.server.get_user, signed.user_id)
-    return Caller(user)

@@ -287,6 +287,20 @@ def unprivileged_assets() -> None:
             os.chown(p, NOBODY, NOBODY)
 
 
+def readable_code(dest: Path) -> Path:
+    """The server's code and its dependencies where ``nobody`` can read them: the
+    checkout (and its .venv) may sit in a directory only root can enter (a
+    private home, a ``mktemp -d``). The recipes come too: image keys hash them."""
+    site = REPO / ".venv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    dest.mkdir(mode=0o755)
+    for src, name in ((REPO / "rigd", "rigd"), (REPO / "netgate", "netgate"),
+                      (REPO / "guest-agent", "guest-agent"), (REPO / "images", "images"),
+                      (site, "site-packages")):
+        subprocess.run(["cp", "-a", str(src), str(dest / name)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(dest)], check=True)
+    return dest
+
+
 def start_unprivileged(world: FakeInternet) -> tuple[Server, Path]:
     unprivileged_assets()
     data_dir = Path(tempfile.mkdtemp(prefix="rigd-test-nobody-", dir="/var/tmp"))
@@ -299,16 +313,17 @@ def start_unprivileged(world: FakeInternet) -> tuple[Server, Path]:
         os.chmod(p, 0o711)
     os.chmod(ca, 0o644)
     log_path = data_dir / "server.log"
-    site = REPO / ".venv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
-    python = "/usr/bin/python3"  # this test's interpreter lives in root's home, which nobody cannot enter
+    code = readable_code(data_dir / "code")
+    site = code / "site-packages"
+    python = "/usr/bin/python3"  # this test's interpreter may live where nobody cannot enter
     argv = ["ip", "netns", "exec", world.netns,
             "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-            "env", "-i", "PATH=/usr/bin:/bin", "HOME=/nonexistent", f"PYTHONPATH={site}:{REPO}",
+            "env", "-i", "PATH=/usr/bin:/bin", "HOME=/nonexistent", f"PYTHONPATH={site}:{code}",
             python, "-m", "rigd.cli", "serve", "--data-dir", str(data_dir), "--port", "0", "--accel", "tcg",
             "--log-level", "info", "--cache-dir", str(UNPRIV_CACHE), "--network", "auto",
             "--resolver", f"{world.resolver[0]}:{world.resolver[1]}", "--upstream-ca", str(ca)]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=code)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:

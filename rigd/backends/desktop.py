@@ -1,0 +1,548 @@
+"""The computer backends (``qemu-kvm``, ``qemu-hvf``, ``qemu-tcg``): X11 desktops on q35.
+
+A computer rig boots a thin qcow2 overlay (``<dataDir>/rigs/run/<rigId>.qcow2``)
+of an imported desktop image (``<dataDir>/rigs/images/sha256-<hex>/``) with the
+image's own kernel and our initramfs (:mod:`rigd.backends.desktop_argv`). The
+machine is the terminal rig's machine in every other respect — confinement,
+per-rig uid, QMP, console, agent channel, egress gateway, teardown — so
+:class:`DesktopMachine` extends :class:`rigd.backends.smolvm.SmolvmMachine`
+with what a desktop adds:
+
+- **Input through the hypervisor.** Every mouse and keyboard event is a QMP
+  ``input-send-event`` to the virtio tablet and keyboard; the plans come from
+  :mod:`rigd.protocols.input` (pure). The guest cannot tell these from a
+  person's hands, cannot block them, and its agent is not involved.
+- **Frames through the agent.** Guest protocol 2's ``screen`` grabs, scales
+  and encodes in the guest; when the agent is absent or older, QMP
+  ``screendump`` writes the framebuffer as PNG and the host scales and
+  encodes it (:mod:`rigd.frames`).
+- **Text the key map cannot send** (``é``, ``世``) is pasted: the agent puts
+  the whole text in the CLIPBOARD and PRIMARY selections and the host presses
+  shift+Insert, which GTK, Qt, VTE, Chromium and Firefox all take as paste.
+- Modes (``set_display``, xrandr in the guest), selections (read and write)
+  and the pointer position come from the agent.
+
+Phases while a rig comes up: ``creating disk overlay``, ``booting kernel``,
+``waiting for the guest agent``, ``waiting for the desktop`` (until the X
+server answers the agent and a window manager has claimed the screen).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import shutil
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import trio
+
+from netgate.usermode import UserGate
+from rigd.backends.base import MachineSpec
+from rigd.backends.confine import Identity, UidPool, make_private_dir
+from rigd.backends.desktop_argv import desktop_argv
+from rigd.backends.smolvm import (
+    NetGate,
+    SmolvmBackend,
+    SmolvmConfig,
+    SmolvmMachine,
+    net_argv,
+    timeouts_for,
+)
+from rigd.backends.snapshot import rig_mac
+from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
+from rigd.frames import Still, encode_still
+from rigd.framing import untrusted_bytes
+from rigd.images.importer import ImportedImage
+from rigd.model import AGENT_STILL_MAX, BACKEND_OF, Accel, Backend
+from rigd.protocols import input as qin
+from rigd.protocols.guest import PROTO_DESKTOP, Stream
+from rigd.verbs import computer as cv
+from rigd.verbs.keys import KeyCombo
+
+#: Under TCG a cold desktop needs 25-90 s to reach the agent and about a minute
+#: more to draw XFCE on a loaded 2-core host (HOST-NOTES); the deadline only
+#: bounds a hung boot.
+DESKTOP_BOOT_S = {Accel.TCG: 420.0}
+DESKTOP_BOOT_S_ACCEL = 120.0
+#: A still larger than this from the guest is refused (a 2560x1600 PNG is ~6 MB).
+MAX_STILL_BYTES = 32 << 20
+#: Clipboard text goes to the agent in parts of this many characters.
+CLIP_PART_CHARS = 16_384
+#: How long after a paste key the text must stay the selection's (the client
+#: asks the owner for it asynchronously).
+PASTE_SETTLE_S = 0.3
+
+
+
+class DesktopBackend(SmolvmBackend):
+    """Computer rigs; one instance serves all three ``qemu-*`` backends
+    (the spec's ``accel`` says which)."""
+
+    name = Backend.QEMU_TCG
+
+    def __init__(
+        self,
+        config: SmolvmConfig,
+        *,
+        image: Callable[[Callable[[str], None]], ImportedImage | None],
+        uids: UidPool | None = None,
+    ) -> None:
+        super().__init__(config, ensure_pack=_no_pack, uids=uids)
+        self._image = image
+        self._image_lock = trio.Lock()
+        self.log = logging.getLogger("rigd.desktop")
+
+    async def image(self, progress: Callable[[str], None]) -> ImportedImage:
+        """The desktop image rigs boot (imported on first use; see ``rigd.server.main``)."""
+        async with self._image_lock:
+            image = await trio.to_thread.run_sync(self._image, progress)
+        if image is None:
+            raise BackendError(
+                "no desktop image is imported on this server: build one (`make images-desktop`) "
+                "or import one (`rigd images import <path or URL> --sha256 <digest>`)"
+            )
+        return image
+
+    async def warm_snapshot(self, memory_mb: int, vcpus: int) -> None:
+        return None  # desktops boot cold (see docs/decisions.md)
+
+    @asynccontextmanager
+    async def _open_machine(
+        self, spec: MachineSpec, progress: Callable[[str], None], gateway: NetGate | None
+    ) -> AsyncIterator[DesktopMachine]:
+        image = await self.image(progress)
+        log = logging.getLogger(f"rigd.rig.{spec.rig_id}")
+        identity = self.uids.acquire()
+        rig_dir = self.state_dir / spec.rig_id
+        overlay = self.run_dir / f"{spec.rig_id}.qcow2"
+        try:
+            make_private_dir(rig_dir, identity)
+            progress("creating disk overlay")
+            await self._make_overlay(overlay, image.disk, "qcow2", identity)
+            failure: RigdError | OSError | None = None
+            async with trio.open_nursery() as nursery:
+                machine = DesktopMachine(
+                    spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
+                    overlay=overlay, log=log, nursery=nursery, gateway=gateway, image=image,
+                )
+                try:
+                    try:
+                        progress("booting kernel")
+                        await machine.boot(progress)
+                    except (RigdError, OSError) as exc:
+                        failure = exc  # raised outside the nursery, unwrapped
+                    else:
+                        yield machine
+                finally:
+                    await machine.shutdown()
+                    nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_remove, rig_dir, overlay)
+                self.uids.release(identity)
+
+
+def _no_pack(_progress: Callable[[str], None]) -> Path:
+    raise BackendError("computer rigs boot an imported image, not a pack")
+
+
+def _remove(rig_dir: Path, overlay: Path) -> None:
+    shutil.rmtree(rig_dir, ignore_errors=True)
+    overlay.unlink(missing_ok=True)
+
+
+class DesktopMachine(SmolvmMachine):
+    def __init__(
+        self,
+        *,
+        spec: MachineSpec,
+        config: SmolvmConfig,
+        identity: Identity,
+        rig_dir: Path,
+        overlay: Path,
+        log: logging.Logger,
+        nursery: trio.Nursery,
+        gateway: NetGate | None,
+        image: ImportedImage,
+    ) -> None:
+        super().__init__(spec=spec, config=config, identity=identity, rig_dir=rig_dir,
+                         overlay=overlay, log=log, nursery=nursery, gateway=gateway)
+        self.image = image
+        self.accel = spec.accel or config.accel
+        _boot, self.grace = timeouts_for(self.accel)
+        self.boot_deadline = DESKTOP_BOOT_S.get(self.accel, DESKTOP_BOOT_S_ACCEL)
+        self.info = dataclasses.replace(
+            self.info, backend=BACKEND_OF[self.accel], accel=self.accel,
+            image=f"sha256:{image.sha256}", security_boundary=self.accel is not Accel.TCG,
+        )
+        manifest = image.manifest
+        self.display: tuple[int, int] = spec.display or (manifest.width or 1280, manifest.height or 800)
+        #: Where the pointer is, as far as the host knows (it moved it).
+        self.pointer: tuple[int, int] = (self.display[0] // 2, self.display[1] // 2)
+        self.features: frozenset[str] = frozenset()
+        self.proto = 0
+        #: One input plan at a time: an agent's drag and a person's click never interleave.
+        self.input_lock = trio.Lock()
+        self._left_down = False
+
+    def argv(self, *, incoming: bool = False, tap_fd: int | None = None) -> list[str]:
+        net = net_argv(self.config, self.rig_dir, tap_fd)
+        return desktop_argv(
+            qemu=self.config.qemu, accel=str(self.accel), memory_mb=self.spec.memory_mb,
+            vcpus=self.spec.vcpus, disk_overlay=self.overlay, kernel=self.image.kernel,
+            initrd=self.image.initrd,
+            cmdline_extra=[*self.image.manifest.cmdline, *net.get("cmdline_extra", [])],
+            qmp_socket=self.rig_dir / "qmp.sock", agent_socket=self.rig_dir / "agent.sock",
+            console_socket=self.rig_dir / "console.sock", width=self.display[0],
+            height=self.display[1], incoming="defer" if incoming else None,
+            mac=rig_mac(self.spec.rig_id) if "netdev" in net else None, netdev=net.get("netdev"),
+            **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
+        )
+
+    # -- boot ---------------------------------------------------------------------
+
+    async def boot(self, progress: Callable[[str], None], *, personalize: bool = True) -> None:
+        started = trio.current_time()
+        await super().boot(progress, personalize=personalize)
+        proto = self.hello.get("proto")
+        self.proto = proto if isinstance(proto, int) and not isinstance(proto, bool) else 1
+        feats = self.hello.get("features")
+        if isinstance(feats, list):
+            self.features = frozenset(f for f in feats if isinstance(f, str))
+        if self.proto < PROTO_DESKTOP or "display" not in self.features:
+            self.log.warning("the image's agent is older than protocol 2: frames come from QMP "
+                             "screendump; no modes, selections or pasted text")
+            return
+        progress("waiting for the desktop")
+        left = self.boot_deadline - (trio.current_time() - started)
+        with trio.move_on_after(max(left, 1.0)) as deadline:
+            while True:
+                try:
+                    body = await self._guest().request("display", timeout=self.grace)
+                except GuestRefused:
+                    await trio.sleep(1.0)
+                    continue
+                self._note_display(body)
+                break
+            # Then the session: a window manager on the root (EWMH). An image
+            # without xprop is taken as ready once X answers.
+            while not await self._session_up():  # noqa: ASYNC110 - the guest has no event to wait on
+                await trio.sleep(1.0)
+        if deadline.cancelled_caught:
+            raise BackendError(
+                f"the desktop (X server) did not come up within {int(self.boot_deadline)} s",
+                console=self.console_tail(2048),
+            )
+
+    async def _session_up(self) -> bool:
+        try:
+            result = await self.exec(
+                ["/bin/sh", "-c", "command -v xprop >/dev/null || exit 0; "
+                                  "xprop -root _NET_SUPPORTING_WM_CHECK | grep -q 'window id'"],
+                cwd=None, env=None, stdin=None, timeout_s=20, max_output=4096,
+            )
+        except FieldError:  # no /bin/sh: nothing to ask
+            return True
+        return result.exit_code == 0
+
+    def _note_display(self, body: dict[str, Any]) -> None:
+        w, h = body.get("width"), body.get("height")
+        if _is_int(w) and _is_int(h) and 1 <= w <= 16384 and 1 <= h <= 16384:
+            self.display = (w, h)
+
+    # -- input through QMP ---------------------------------------------------------------
+
+    async def send_plan(self, steps: Sequence[qin.Step]) -> None:
+        """Send an input plan: each event list is one QMP ``input-send-event``."""
+        if self.qmp is None:
+            raise BackendError("the machine is not running")
+        async with self.input_lock:
+            for step in steps:
+                if isinstance(step, qin.Pause):
+                    await trio.sleep(step.seconds)
+                elif step:
+                    await self.qmp.execute("input-send-event", {"events": step}, timeout=self.grace)
+
+    def _check_point(self, point: tuple[int, int], field: str) -> None:
+        w, h = self.display
+        if not (0 <= point[0] < w and 0 <= point[1] < h):
+            raise FieldError(field, f"must be two integers inside the {w}x{h} display")
+
+    def _moved(self, point: tuple[int, int] | None) -> None:
+        if point is not None:
+            self.pointer = point
+
+    # -- frames ----------------------------------------------------------------------
+
+    def _agent_has(self, feature: str) -> bool:
+        return self.proto >= PROTO_DESKTOP and feature in self.features
+
+    async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
+                    mark_cursor: bool = True) -> tuple[Still, str, tuple[int, int] | None, bool]:
+        """(still, source, cursor, cursor marked): the agent's lane, else QMP ``screendump``."""
+        if self._agent_has("screen"):
+            try:
+                return await self._agent_still(max_w, max_h, fmt, quality, mark_cursor)
+            except GuestRefused as exc:
+                self.log.info("agent screen refused; using QMP", extra={"reason": exc.reason[:200]})
+        return await self._qmp_still(max_w, max_h, fmt, quality), "qmp", None, False
+
+    async def _agent_still(self, max_w: int, max_h: int, fmt: str, quality: int,
+                           mark: bool) -> tuple[Still, str, tuple[int, int] | None, bool]:
+        parts: list[bytes] = []
+        size = [0]
+
+        def on_stream(event: Stream) -> None:
+            if event.name != "data" or event.body.get("offset") != size[0]:
+                return
+            if size[0] + len(event.data) <= MAX_STILL_BYTES:
+                parts.append(event.data)
+                size[0] += len(event.data)
+
+        body = await self._guest().request(
+            "screen", timeout=30 + self.grace, on_stream=on_stream, maxWidth=max_w,
+            maxHeight=max_h, quality=quality, format=fmt, markCursor=mark,
+        )
+        if isinstance(body.get("data"), str):
+            try:
+                data = base64.b64decode(body["data"], validate=True)
+            except ValueError as exc:
+                raise GuestError("the agent's screen data is not base64") from exc
+        else:
+            data = b"".join(parts)
+        dw, dh, iw, ih = (body.get(k) for k in ("displayWidth", "displayHeight", "imageWidth", "imageHeight"))
+        scale = body.get("scale")
+        if not (_is_int(dw) and _is_int(dh) and _is_int(iw) and _is_int(ih)
+                and 0 < iw <= max_w and 0 < ih <= max_h and 0 < dw <= 16384 and 0 < dh <= 16384
+                and isinstance(scale, int | float) and 0 < scale < 1000):
+            raise GuestError("the agent's screen reply has no valid sizes")
+        if body.get("bytes") != len(data) or not data:
+            raise GuestError("the agent's screen data is incomplete")
+        self.display = (dw, dh)
+        cursor = body.get("cursor")
+        point = None
+        if isinstance(cursor, list) and len(cursor) == 2 and all(_is_int(c) for c in cursor):
+            point = (int(cursor[0]), int(cursor[1]))
+        media = "image/png" if fmt == "png" else "image/jpeg"
+        still = Still(data, media, dw, dh, iw, ih, float(scale))
+        return still, "agent", point, body.get("cursorMarked") is True
+
+    async def _qmp_still(self, max_w: int, max_h: int, fmt: str, quality: int) -> Still:
+        if self.qmp is None:
+            raise BackendError("the machine is not running")
+        path = self.rig_dir / f"frame-{trio.current_time():.6f}.png"
+        try:
+            await self.qmp.execute("screendump", {"filename": str(path), "format": "png"},
+                                   timeout=30 + self.grace)
+            png = await trio.Path(path).read_bytes()
+        finally:
+            await trio.Path(path).unlink(missing_ok=True)
+        still = await trio.to_thread.run_sync(
+            lambda: encode_still(png, max_w=max_w, max_h=max_h, fmt=fmt, quality=quality)
+        )
+        self.display = (still.display_w, still.display_h)
+        return still
+
+    # -- the verbs ------------------------------------------------------------------------
+
+    async def perform(self, action: Any) -> dict[str, Any]:
+        handler = getattr(self, f"_do_{getattr(action, 'verb', '')}", None)
+        if handler is None:
+            verb = getattr(action, "verb", "?")
+            raise FieldError("action.action", f"a computer rig does not answer {verb}")
+        result: dict[str, Any] = await handler(action)
+        return result
+
+    async def _do_screenshot(self, _a: cv.ComputerScreenshot) -> dict[str, Any]:
+        cap = AGENT_STILL_MAX
+        still, source, cursor, marked = await self.still(max_w=cap.width, max_h=cap.height)
+        out = still_json(still, source)
+        out["cursor"] = list(cursor) if cursor is not None else None
+        out["cursorMarked"] = marked
+        return out
+
+    async def _do_cursor_position(self, _a: cv.ComputerCursorPosition) -> dict[str, Any]:
+        if self._agent_has("cursor"):
+            body = await self._guest().request("cursor", timeout=self.grace)
+            cur = body.get("cursor")
+            if isinstance(cur, list) and len(cur) == 2 and all(_is_int(c) for c in cur):
+                self._note_display({"width": body.get("displayWidth"), "height": body.get("displayHeight")})
+                return {"coordinate": [cur[0], cur[1]], "source": "agent", **self._display_json()}
+        x, y = self.pointer
+        return {"coordinate": [x, y], "source": "host", **self._display_json()}
+
+    def _display_json(self) -> dict[str, Any]:
+        return {"display": {"width": self.display[0], "height": self.display[1]}}
+
+    async def _do_mouse_move(self, a: cv.ComputerMouseMove) -> dict[str, Any]:
+        self._check_point(a.coordinate, "action.coordinate")
+        await self.send_plan([qin.move(*a.coordinate, *self.display)])
+        self._moved(a.coordinate)
+        return {"coordinate": list(a.coordinate)}
+
+    async def _click(self, a: cv.ComputerClick) -> dict[str, Any]:
+        if a.coordinate is not None:
+            self._check_point(a.coordinate, "action.coordinate")
+        await self.send_plan(qin.plan_click(a.coordinate, self.display, button_name=a.button,
+                                            clicks=a.clicks, modifiers=a.modifiers))
+        self._moved(a.coordinate)
+        return {"coordinate": list(self.pointer), "button": a.button, "clicks": a.clicks}
+
+    _do_left_click = _do_right_click = _do_middle_click = _click
+    _do_double_click = _do_triple_click = _click
+
+    async def _do_left_mouse_down(self, _a: cv.ComputerLeftMouseDown) -> dict[str, Any]:
+        await self.send_plan([[qin.button("left", True)]])
+        self._left_down = True
+        return {"coordinate": list(self.pointer), "button": "left", "down": True}
+
+    async def _do_left_mouse_up(self, _a: cv.ComputerLeftMouseUp) -> dict[str, Any]:
+        await self.send_plan([[qin.button("left", False)]])
+        self._left_down = False
+        return {"coordinate": list(self.pointer), "button": "left", "down": False}
+
+    async def _do_left_click_drag(self, a: cv.ComputerLeftClickDrag) -> dict[str, Any]:
+        self._check_point(a.start, "action.start_coordinate")
+        self._check_point(a.end, "action.coordinate")
+        await self.send_plan(qin.plan_drag(a.start, a.end, self.display))
+        self._moved(a.end)
+        return {"from": list(a.start), "to": list(a.end)}
+
+    async def _do_scroll(self, a: cv.ComputerScroll) -> dict[str, Any]:
+        if a.coordinate is not None:
+            self._check_point(a.coordinate, "action.coordinate")
+        await self.send_plan(qin.plan_scroll(a.coordinate, self.display, str(a.direction),
+                                             a.amount, a.modifiers))
+        self._moved(a.coordinate)
+        return {"direction": str(a.direction), "amount": a.amount, "coordinate": list(self.pointer)}
+
+    async def _do_key(self, a: cv.ComputerKey) -> dict[str, Any]:
+        try:
+            plan = qin.plan_combos(a.combos)
+        except qin.UnknownKey as exc:
+            raise FieldError("action.text", str(exc)) from exc
+        await self.send_plan(plan)
+        return {"keys": [str(c) for c in a.combos]}
+
+    async def _do_hold_key(self, a: cv.ComputerHoldKey) -> dict[str, Any]:
+        try:
+            plan = qin.plan_hold(a.combo, a.duration_s)
+        except qin.UnknownKey as exc:
+            raise FieldError("action.text", str(exc)) from exc
+        await self.send_plan(plan)
+        return {"key": str(a.combo), "heldS": a.duration_s}
+
+    async def _do_type(self, a: cv.ComputerType) -> dict[str, Any]:
+        text = a.text
+        chars = len(text)
+        if all(ch in qin.CHAR_KEYS for ch in text):
+            await self.send_plan(qin.plan_typing(text))
+            return {"characters": chars, "dropped": 0, "via": "keys"}
+        if not self._agent_has("clipboard_write"):
+            bad = next(ch for ch in text if ch not in qin.CHAR_KEYS)
+            raise FieldError(
+                "action.text",
+                f"{bad!r} has no key on the rig's keyboard and this image's agent cannot paste "
+                "(guest protocol 2 with clipboard_write is needed); nothing was typed",
+            )
+        # The whole text travels as one paste, so no later key or paste can
+        # overtake it: the client fetches the selection asynchronously.
+        async with self.input_lock:
+            for selection in ("clipboard", "primary"):
+                await self._write_selection(selection, text)
+        await self.send_plan(qin.plan_combos([_SHIFT_INSERT]))
+        await trio.sleep(PASTE_SETTLE_S)
+        return {
+            "characters": chars, "dropped": 0, "via": "clipboard",
+            "note": "pasted through the guest's CLIPBOARD and PRIMARY selections (shift+Insert), "
+                    "which now hold the text",
+        }
+
+    async def _write_selection(self, selection: str, text: str) -> int:
+        guest = self._guest()
+        parts = [text[i:i + CLIP_PART_CHARS] for i in range(0, len(text), CLIP_PART_CHARS)] or [""]
+        total = 0
+        for i, part in enumerate(parts):
+            body = await guest.request("clipboard_write", timeout=self.grace + 10, text=part,
+                                       selection=selection, continues=i + 1 < len(parts))
+            got = body.get("bytes")
+            total = got if _is_int(got) else total
+        return total
+
+    async def _do_wait(self, a: cv.ComputerWait) -> dict[str, Any]:
+        await trio.sleep(a.duration_s)
+        return {"waitedS": a.duration_s}
+
+    async def _do_set_display(self, a: cv.ComputerSetDisplay) -> dict[str, Any]:
+        if not self._agent_has("set_display"):
+            raise FieldError("action.action", "this image's agent cannot change the display mode "
+                                              "(guest protocol 2 with xrandr is needed)")
+        body = await self._guest().request("set_display", timeout=60 + self.grace,
+                                           width=a.width, height=a.height)
+        self._note_display(body)
+        if self.display != (a.width, a.height):
+            raise BackendError(f"the guest kept {self.display[0]}x{self.display[1]} after "
+                               f"set_display {a.width}x{a.height}")
+        self.pointer = (min(self.pointer[0], a.width - 1), min(self.pointer[1], a.height - 1))
+        return {**self._display_json(), "changed": body.get("changed") is True}
+
+    async def _do_clipboard_read(self, a: cv.ComputerClipboardRead) -> dict[str, Any]:
+        if not self._agent_has("clipboard_read"):
+            raise FieldError("action.action", "this image's agent cannot read selections "
+                                              "(guest protocol 2 is needed)")
+        parts: list[bytes] = []
+
+        def on_stream(event: Stream) -> None:
+            if event.name == "data":
+                parts.append(event.data)
+
+        body = await self._guest().request("clipboard_read", timeout=self.grace + 10,
+                                           on_stream=on_stream, selection=str(a.selection))
+        text = body.get("text")
+        raw = text.encode("utf-8") if isinstance(text, str) else b"".join(parts)
+        truncated = body.get("truncated") is True
+        return {"selection": str(a.selection),
+                "content": untrusted_bytes(raw, truncated=truncated, limit=len(raw))}
+
+    async def _do_clipboard_write(self, a: cv.ComputerClipboardWrite) -> dict[str, Any]:
+        if not self._agent_has("clipboard_write"):
+            raise FieldError("action.action", "this image's agent cannot write selections "
+                                              "(guest protocol 2 is needed)")
+        async with self.input_lock:
+            written = await self._write_selection("clipboard", a.text)
+        return {"selection": "clipboard", "bytes": written}
+
+    def network_info(self) -> dict[str, Any]:
+        info = super().network_info()
+        if isinstance(self.gateway, UserGate):
+            info["note"] = "user-mode networking"
+        return info
+
+
+_SHIFT_INSERT = KeyCombo(("Shift_L",), "Insert")
+
+
+def still_json(still: Still, source: str) -> dict[str, Any]:
+    """The RPC shape of a still: the image and the sizes that map it to the screen."""
+    return {
+        "image": {"mediaType": still.media_type, "data": base64.b64encode(still.data).decode()},
+        "display": {"width": still.display_w, "height": still.display_h},
+        "imageSize": {"width": still.image_w, "height": still.image_h},
+        "scale": round(still.scale, 6),
+        "source": source,
+        "note": "scale is display pixels per image pixel: image point (x, y) is display point "
+                "(x*scale, y*scale)",
+    }
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+__all__ = ["DesktopBackend", "DesktopMachine", "still_json"]

@@ -1,0 +1,196 @@
+"""The live view: ``/rig/live/<rigId>`` (WebSocket) — frames out, a person's input in.
+
+Authentication: a signed ``rig-view:<workspaceId>/<rigId>`` target (from
+``rig.viewUrl``) or a bearer token, plus membership. A ``rig-view``
+signature verifies nowhere else (targets are part of the MAC), so a URL
+handed out to *watch* cannot open a terminal or write files.
+
+Server → client:
+
+- a text frame ``{"type": "frame", "seq": N, "display": {"width", "height"},
+  "imageSize": {...}, "scale": s, "mediaType": "image/jpeg", "bytes": n}``
+  immediately followed by one binary frame with the image, whenever the
+  screen changed (frames up to 2560x1600 — a person's view is not capped at
+  the agent's 1280x800);
+- ``{"type": "hello", "control": bool, ...}`` first, and
+  ``{"type": "error", "field"?, "reason"}`` for refused input.
+
+Client → server (text frames, JSON): ``{"type": "move", "x", "y"}``,
+``{"type": "button", "button": "left|right|middle", "down": bool, "x"?, "y"?}``,
+``{"type": "wheel", "direction": "up|down|left|right", "amount"?: 1..20}``,
+``{"type": "key", "key": "<X11 keysym>", "down": bool}``,
+``{"type": "text", "text": "..."}`` (typed as the ``type`` verb types), and
+``{"type": "ping"}``. Input is accepted only from the person holding the
+rig's control lease (``rig.control take``); anyone else is view-only and gets
+an error naming ``control``. Input goes through the same QMP path as the
+agent's verbs and is audited by shape (pointer coordinates, key up/down
+counts; never key names or text).
+
+While the socket is open the rig is watched (pinned: never parked or
+idle-reaped) and a parked rig is woken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import trio
+from quart import websocket
+
+from rigd.backends.desktop import DesktopMachine
+from rigd.errors import FieldError, RigdError
+from rigd.model import HUMAN_STILL_MAX
+from rigd.protocols import input as qin
+from rigd.server.app import ServerContext, json_response, lane_caller
+from rigd.verbs.masking import mask
+
+#: The fastest the view polls the screen; a grab itself takes ~0.1-0.6 s under TCG.
+MIN_FRAME_INTERVAL_S = 0.05
+#: How long an unchanged screen is re-checked.
+IDLE_INTERVAL_S = 0.25
+LIVE_QUALITY = 70
+MAX_TEXT = 4096
+
+
+async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
+    try:
+        caller = await lane_caller(ctx, "rig-view", rig_id)
+        rig = await ctx.rigs.view_rig(caller, rig_id)
+    except RigdError as exc:
+        status = 404 if exc.code == -32004 else 409 if exc.code == -32009 else 401
+        return json_response({"error": exc.to_json()}, status)
+    machine = rig.machine
+    if not isinstance(machine, DesktopMachine):
+        return json_response({"error": {"message": "only computer rigs have a live view"}}, 409)
+    await websocket.accept()
+    counts: dict[str, int] = {"frames": 0, "inputs": 0, "refused": 0}
+    await ctx.rigs.audit_event(rig, caller, "view_open", {})
+    await websocket.send(json.dumps({
+        "type": "hello", "rigId": rig_id, "control": rig.person_controller == caller.user.id,
+        "display": {"width": machine.display[0], "height": machine.display[1]},
+    }))
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def frames() -> None:
+                last = b""
+                seq = 0
+                while True:
+                    ctx.rigs.keep_watched(rig)
+                    t0 = trio.current_time()
+                    try:
+                        still, source, _cursor, _marked = await machine.still(
+                            max_w=HUMAN_STILL_MAX.width, max_h=HUMAN_STILL_MAX.height,
+                            quality=LIVE_QUALITY,
+                        )
+                    except RigdError as exc:
+                        await websocket.send(json.dumps({"type": "error", "reason": exc.message}))
+                        await trio.sleep(1.0)
+                        continue
+                    digest = hashlib.sha256(still.data).digest()
+                    if digest != last:
+                        last = digest
+                        seq += 1
+                        counts["frames"] += 1
+                        await websocket.send(json.dumps({
+                            "type": "frame", "seq": seq, "source": source,
+                            "display": {"width": still.display_w, "height": still.display_h},
+                            "imageSize": {"width": still.image_w, "height": still.image_h},
+                            "scale": round(still.scale, 6), "mediaType": still.media_type,
+                            "bytes": len(still.data),
+                        }))
+                        await websocket.send(still.data)
+                        await trio.sleep(max(0.0, MIN_FRAME_INTERVAL_S - (trio.current_time() - t0)))
+                    else:
+                        await trio.sleep(IDLE_INTERVAL_S)
+
+            nursery.start_soon(frames)
+            while True:
+                message = await websocket.receive()
+                ctx.rigs.keep_watched(rig)
+                try:
+                    msg = json.loads(message) if isinstance(message, str) else None
+                    if not isinstance(msg, dict):
+                        raise FieldError("message", "must be a JSON object in a text frame")
+                    if msg.get("type") == "ping":
+                        await websocket.send(json.dumps({"type": "pong"}))
+                        continue
+                    if rig.person_controller != caller.user.id:
+                        counts["refused"] += 1
+                        raise FieldError("control", "view-only: take control of the rig "
+                                                    "(rig.control take) before sending input")
+                    plan, shape = plan_input(msg, machine.display)
+                    await ctx.rigs.live_input(rig, caller, machine, plan, shape)
+                    counts["inputs"] += 1
+                except RigdError as exc:
+                    await websocket.send(json.dumps({"type": "error", **exc.to_json().get("data", {}),
+                                                     "reason": exc.message}))
+    finally:
+        with trio.CancelScope(shield=True):
+            await ctx.rigs.audit_event(rig, caller, "view_close", dict(counts))
+    return None
+
+
+def _int(msg: dict[str, Any], name: str, lo: int, hi: int) -> int:
+    value = msg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise FieldError(name, f"must be an integer between {lo} and {hi}")
+    return value
+
+
+def plan_input(msg: dict[str, Any], display: tuple[int, int]) -> tuple[list[qin.Step], dict[str, Any]]:
+    """A live-view input message → (QMP plan, what the audit log records). Pure."""
+    kind = msg.get("type")
+    w, h = display
+    if kind == "move":
+        x, y = _int(msg, "x", 0, w - 1), _int(msg, "y", 0, h - 1)
+        return [qin.move(x, y, w, h)], {"type": "move", "x": x, "y": y}
+    if kind == "button":
+        name = msg.get("button")
+        if name not in qin.BUTTONS:
+            raise FieldError("button", "must be left, right or middle")
+        down = msg.get("down")
+        if not isinstance(down, bool):
+            raise FieldError("down", "must be true or false")
+        plan: list[qin.Step] = []
+        shape: dict[str, Any] = {"type": "button", "button": name, "down": down}
+        if "x" in msg or "y" in msg:
+            x, y = _int(msg, "x", 0, w - 1), _int(msg, "y", 0, h - 1)
+            plan.append(qin.move(x, y, w, h))
+            shape.update(x=x, y=y)
+        plan.append([qin.button(str(name), down)])
+        return plan, shape
+    if kind == "wheel":
+        direction = msg.get("direction")
+        if direction not in qin.WHEEL:
+            raise FieldError("direction", "must be up, down, left or right")
+        amount = _int(msg, "amount", 1, 20) if "amount" in msg else 1
+        return qin.plan_scroll(None, display, str(direction), amount), {
+            "type": "wheel", "direction": direction, "amount": amount}
+    if kind == "key":
+        key = msg.get("key")
+        down = msg.get("down")
+        if not isinstance(down, bool):
+            raise FieldError("down", "must be true or false")
+        if not isinstance(key, str):
+            raise FieldError("key", "must be an X11 keysym name")
+        try:
+            qcode, _shift = qin.qcode_of(key)
+        except qin.UnknownKey as exc:
+            raise FieldError("key", str(exc)) from exc
+        event = {"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": qcode}}}
+        return [[event]], {"type": "key", "down": down}
+    if kind == "text":
+        text = msg.get("text")
+        if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
+            raise FieldError("text", f"must be 1-{MAX_TEXT} characters")
+        bad = next((ch for ch in text if ch not in qin.CHAR_KEYS), None)
+        if bad is not None:
+            raise FieldError("text", f"{bad!r} has no key; paste it through the clipboard lane")
+        return qin.plan_typing(text), {"type": "text", "text": mask(text)}
+    raise FieldError("type", "must be move, button, wheel, key, text or ping")
+
+
+__all__ = ["plan_input", "serve_live"]

@@ -1,0 +1,336 @@
+"""A real computer rig under TCG, driven through ``rig.act computer_use`` and the live view.
+
+One server and one desktop rig for the module (a cold desktop takes tens of
+seconds to a few minutes under TCG); the tests run in file order and leave
+the rig in a known state for the next. Input goes through QMP; what arrived
+is read back through the guest agent (``terminal_use exec``) — files the
+typed commands wrote, exit codes of the clicked program, selections.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from rigd.images.desktop import find_desktop
+from tests.integration.conftest import Server, make_data_dir, reap, start_server
+
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU"),
+]
+
+#: The session of the desktop's user, for programs the tests start in the guest.
+SESSION = "DISPLAY=:0 XAUTHORITY=/home/rig/.Xauthority HOME=/home/rig"
+AS_RIG = f"runuser -u rig -- env {SESSION} DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/1000/bus"
+
+
+@pytest.fixture(scope="module")
+def desk() -> Iterator[tuple[Server, str]]:
+    find_desktop()  # built by `make images-desktop` (the test target depends on it)
+    data_dir = make_data_dir()
+    srv = start_server(data_dir)
+    failed = False
+    try:
+        t0 = time.monotonic()
+        rig = srv.call("rig.open", {"workspace": "default", "surface": "computer",
+                                    "memoryMb": 2048, "vcpus": 2})
+        print(f"computer rig ready in {time.monotonic() - t0:.1f} s ({rig['boot']})")
+        assert rig["phase"] == "ready", rig
+        yield srv, rig["id"]
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        srv.stop()
+        leaked = reap(data_dir)
+        if failed or leaked:
+            sys.stderr.write(srv.log()[-8000:])
+        shutil.rmtree(data_dir, ignore_errors=True)
+        assert not leaked, f"QEMU processes outlived the server: {leaked}"
+
+
+def act(srv: Server, rig: str, token: str | None = None, **action: Any) -> dict[str, Any]:
+    return dict(srv.call("rig.act", {"rigId": rig, "tool": "computer_use", "action": action}, token=token))
+
+
+def sh(srv: Server, rig: str, command: str, timeout_s: float = 60) -> str:
+    out = srv.call("rig.act", {"rigId": rig, "tool": "terminal_use",
+                               "action": {"action": "exec", "command": command, "timeoutS": timeout_s}})
+    assert out["exitCode"] == 0, out
+    return str(out["stdout"]["text"])
+
+
+def wait_for(srv: Server, rig: str, command: str, deadline_s: float = 120) -> str:
+    """Run ``command`` in the guest until it succeeds; return its output."""
+    end = time.monotonic() + deadline_s
+    while True:
+        out = srv.call("rig.act", {"rigId": rig, "tool": "terminal_use",
+                                   "action": {"action": "exec", "command": command, "timeoutS": 30}})
+        if out["exitCode"] == 0:
+            return str(out["stdout"]["text"])
+        assert time.monotonic() < end, f"{command!r} never succeeded: {out}"
+        time.sleep(1)
+
+
+def active_window(srv: Server, rig: str, name_re: str) -> None:
+    wait_for(srv, rig, f"{SESSION} xdotool getactivewindow getwindowname | grep -E {name_re!r}")
+
+
+def test_rig_is_a_desktop_not_a_terminal(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    got = srv.call("rig.get", {"rigId": rig})
+    assert got["surface"] == "computer"
+    assert got["backend"] == "qemu-tcg" and got["accel"] == "tcg"
+    assert got["display"] == {"width": 1280, "height": 800}
+    assert got["execImage"] is False
+    assert got["image"].startswith("sha256:")
+    # A conversation's terminal is never this rig.
+    listed = srv.call("rig.list", {"workspace": "default"})
+    assert [r["surface"] for r in listed] == ["computer"]
+
+
+def test_the_desktop_reaches_out_only_through_its_gateway(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    network = srv.call("rig.get", {"rigId": rig})["network"]
+    assert network["mode"] in ("gateway", "user")
+    # A direct IP is refused by the rig's own gateway (names only), whatever is out there.
+    out = sh(srv, rig, "curl -s -m 20 -o - -w ' %{http_code}' http://192.0.2.10/ || true")
+    assert out.endswith(" 403") and "rigd egress gateway" in out, out
+    assert "nameserver" in sh(srv, rig, "cat /etc/resolv.conf")
+
+
+def test_screenshot_is_a_jpeg_of_the_stated_size(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    shot = act(srv, rig, action="screenshot")
+    assert shot["source"] == "agent"
+    assert shot["image"]["mediaType"] == "image/jpeg"
+    assert shot["display"] == {"width": 1280, "height": 800}
+    assert shot["imageSize"] == {"width": 1280, "height": 800} and shot["scale"] == 1.0
+    with Image.open(io.BytesIO(base64.b64decode(shot["image"]["data"]))) as img:
+        assert img.format == "JPEG"
+        assert img.size == (1280, 800)
+        colours = img.convert("RGB").getcolors(1 << 20)
+        assert colours is not None and len(colours) > 64  # the XFCE desktop, not a blank
+
+
+def test_cursor_position_follows_mouse_move(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    for point in ([400, 300], [0, 0], [1279, 799]):
+        act(srv, rig, action="mouse_move", coordinate=point)
+        assert act(srv, rig, action="cursor_position")["coordinate"] == point
+
+
+def test_out_of_range_coordinates_are_a_field_error(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    err = srv.error("rig.act", {"rigId": rig, "tool": "computer_use",
+                                "action": {"action": "left_click", "coordinate": [1280, 10]}})
+    assert err["data"]["field"] == "action.coordinate"
+    assert "1280x800" in err["data"]["reason"]
+
+
+def test_typing_into_a_terminal_window_runs_the_command(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    sh(srv, rig, f"{AS_RIG} setsid -f xfce4-terminal --disable-server --geometry 80x24+100+100 "
+                 ">/dev/null 2>&1")
+    active_window(srv, rig, "^Terminal")
+    typed = act(srv, rig, action="type", text="echo rig-$((6*7)) > ~/out.txt")
+    assert typed == {"characters": 29, "dropped": 0, "via": "keys"}
+    act(srv, rig, action="key", text="Return")
+    assert wait_for(srv, rig, "cat /home/rig/out.txt").strip() == "rig-42"
+
+
+def test_unicode_reaches_the_terminal_intact(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    act(srv, rig, action="type", text="cat > ~/uni.txt\n")
+    typed = act(srv, rig, action="type", text="héllo wörld 世界")
+    assert typed["dropped"] == 0 and typed["via"] == "clipboard"
+    act(srv, rig, action="key", text="Return ctrl+d")
+    got = wait_for(srv, rig, "test -s /home/rig/uni.txt && cat /home/rig/uni.txt")
+    assert got == "héllo wörld 世界\n"
+
+
+def test_a_click_activates_a_known_widget(desk: tuple[Server, str]) -> None:
+    """xmessage's button, found with xwininfo in the guest; clicking it exits 42."""
+    srv, rig = desk
+    sh(srv, rig, f"rm -f /tmp/xm.txt; ({SESSION} xmessage -geometry +300+300 -buttons hit:42 press; "
+                 "echo $? > /tmp/xm.txt) >/dev/null 2>&1 &")
+    win = wait_for(srv, rig, f"{SESSION} xdotool search --name '^xmessage$' | head -1 | grep .").strip()
+    tree = sh(srv, rig, f"{SESSION} xwininfo -tree -id {win}")
+    # Children of the form: "0x… (has no name): ()  WxH+relx+rely  +absx+absy"; the button is the lowest.
+    boxes = [tuple(int(v) for v in m) for m in
+             re.findall(r"\(\)\s+(\d+)x(\d+)\+(\d+)\+(\d+)\s+\+(\d+)\+(\d+)", tree)]
+    w, h, _rx, _ry, ax, ay = max(boxes[1:], key=lambda b: (b[3], -b[1]))
+    act(srv, rig, action="left_click", coordinate=[ax + w // 2, ay + h // 2])
+    assert wait_for(srv, rig, "cat /tmp/xm.txt").strip() == "42"
+
+
+def test_clipboard_round_trips_both_selections(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    text = "zwei 二 \u2603 " + "x" * 1000
+    assert act(srv, rig, action="clipboard_write", text=text)["bytes"] == len(text.encode())
+    got = act(srv, rig, action="clipboard_read")
+    assert got["content"] == {"untrusted": True, "bytes": len(text.encode()), "truncated": False,
+                              "text": text}
+    # primary: written in the guest (select-to-copy), read through the verb
+    sh(srv, rig, f"printf 'from primary' | {SESSION} timeout 20 xclip -selection primary -loops 1 "
+                 ">/dev/null 2>&1 &")
+    time.sleep(1)
+    assert act(srv, rig, action="clipboard_read", selection="primary")["content"]["text"] == "from primary"
+    empty = act(srv, rig, action="clipboard_read", selection="xdnd")
+    assert empty["content"]["text"] == "" and empty["content"]["bytes"] == 0
+
+
+def test_ctrl_a_ctrl_c_copies_a_text_field(desk: tuple[Server, str]) -> None:
+    """Thunar's location bar (a GtkEntry): Unicode typed in arrives intact and is copied back."""
+    srv, rig = desk
+    sh(srv, rig, f"{AS_RIG} setsid -f thunar /home/rig >/dev/null 2>&1")
+    active_window(srv, rig, "^rig - Thunar|^rig$")
+    act(srv, rig, action="key", text="ctrl+l")
+    time.sleep(1)
+    act(srv, rig, action="key", text="ctrl+a BackSpace")
+    typed = act(srv, rig, action="type", text="héllo wörld 世界")
+    assert typed["dropped"] == 0
+    time.sleep(1)
+    act(srv, rig, action="clipboard_write", text="before")
+    act(srv, rig, action="key", text="ctrl+a ctrl+c")
+    deadline = time.monotonic() + 30
+    while (got := act(srv, rig, action="clipboard_read")["content"]["text"]) == "before":
+        assert time.monotonic() < deadline, "ctrl+c never replaced the clipboard"
+        time.sleep(0.5)
+    assert got == "héllo wörld 世界"
+    act(srv, rig, action="key", text="Escape ctrl+w")
+
+
+def test_set_display_changes_the_mode_and_scales_stills(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    changed = act(srv, rig, action="set_display", width=1920, height=1080)
+    assert changed["display"] == {"width": 1920, "height": 1080}
+    assert srv.call("rig.get", {"rigId": rig})["display"] == {"width": 1920, "height": 1080}
+    shot = act(srv, rig, action="screenshot")
+    assert shot["display"] == {"width": 1920, "height": 1080}
+    assert shot["imageSize"] == {"width": 1280, "height": 720} and shot["scale"] == 1.5
+    with Image.open(io.BytesIO(base64.b64decode(shot["image"]["data"]))) as img:
+        assert img.size == (1280, 720)
+    # Coordinates are pixels of the new mode.
+    act(srv, rig, action="mouse_move", coordinate=[1900, 1000])
+    assert act(srv, rig, action="cursor_position")["coordinate"] == [1900, 1000]
+    assert sh(srv, rig, f"{SESSION} xdpyinfo | grep dimensions").split()[1] == "1920x1080"
+    act(srv, rig, action="set_display", width=1280, height=800)
+
+
+def test_computer_use_tool_returns_an_image(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    tools = srv.call("tools.list")
+    names = [t["function"]["name"] for t in tools["tools"]]
+    assert "computer_use" in names
+    out = srv.call("tools.call", {"workspace": "default", "conversation": "c-tools", "name": "computer_use",
+                                  "arguments": {"action": "screenshot", "rigId": rig}})
+    assert out["isError"] is False
+    image = next(c for c in out["content"] if c["type"] == "image")
+    assert image["mimeType"] == "image/jpeg"
+    with Image.open(io.BytesIO(base64.b64decode(image["data"]))) as img:
+        assert img.format == "JPEG"
+    text = next(c for c in out["content"] if c["type"] == "text")["text"]
+    assert "display 1280x800" in text
+
+
+def _ws_url(srv: Server, path: str) -> str:
+    return srv.url.replace("http://", "ws://") + path
+
+
+def _live(url: str, *, sends: list[dict[str, Any]], frames: int = 1) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """Read ``frames`` frames from the live view, then send ``sends`` and wait for a pong."""
+    texts: list[dict[str, Any]] = []
+    images: list[bytes] = []
+    with connect(url, max_size=None, open_timeout=60) as ws:
+        while len(images) < frames:
+            msg = ws.recv(timeout=120)
+            if isinstance(msg, bytes):
+                images.append(msg)
+            else:
+                texts.append(json.loads(msg))
+        for s in [*sends, {"type": "ping"}]:
+            ws.send(json.dumps(s))
+        while not any(t.get("type") == "pong" for t in texts):
+            msg = ws.recv(timeout=60)
+            if isinstance(msg, str):
+                texts.append(json.loads(msg))
+    return texts, images
+
+
+def test_live_view_is_view_only_without_control(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    view = srv.call("rig.viewUrl", {"rigId": rig})
+    assert view["path"].startswith(f"/rig/live/{rig}?")
+    texts, images = _live(_ws_url(srv, view["path"]), sends=[{"type": "move", "x": 10, "y": 10}])
+    hello = texts[0]
+    assert hello["type"] == "hello" and hello["control"] is False
+    frame = next(t for t in texts if t["type"] == "frame")
+    assert frame["display"] == {"width": 1280, "height": 800}
+    with Image.open(io.BytesIO(images[0])) as img:
+        assert img.size == (frame["imageSize"]["width"], frame["imageSize"]["height"])
+    refused = [t for t in texts if t["type"] == "error"]
+    assert refused and refused[0]["field"] == "control", texts
+    assert "someone is watching" in srv.call("rig.get", {"rigId": rig})["pins"]
+    # The rig-view signature works nowhere else.
+    term = view["path"].replace("/rig/live/", "/rig/term/")
+    with pytest.raises(InvalidStatus) as rejected:
+        connect(_ws_url(srv, term), open_timeout=30)
+    assert rejected.value.response.status_code == 401
+
+
+def test_live_view_input_from_the_person_in_control(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    srv.call("rig.control", {"rigId": rig, "op": "take"})
+    try:
+        view = srv.call("rig.viewUrl", {"rigId": rig})
+        texts, _ = _live(_ws_url(srv, view["path"]), sends=[{"type": "move", "x": 640, "y": 123}])
+        assert texts[0]["control"] is True
+        assert not [t for t in texts if t["type"] == "error"], texts
+        assert act(srv, rig, action="cursor_position")["coordinate"] == [640, 123]
+        log = srv.call("rig.log", {"rigId": rig})
+        moves = [r for r in log if r["tool"] == "live_view"]
+        assert moves and moves[-1]["args"] == {"type": "move", "x": 640, "y": 123}
+    finally:
+        srv.call("rig.control", {"rigId": rig, "op": "release"})
+
+
+def test_audit_masks_typed_text(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    log = srv.call("rig.log", {"rigId": rig})
+    typed = [r for r in log if r["verb"] == "type"]
+    assert typed and all(set(r["args"]["text"]) == {"len", "sha256"} for r in typed)
+    assert "rig-$((6*7))" not in json.dumps(log)
+
+
+def test_import_with_a_wrong_checksum_leaves_no_file(tmp_path: Path) -> None:
+    from rigd.cli import main
+    from rigd.images.importer import images_dir
+
+    image = find_desktop()
+    data_dir = make_data_dir()
+    try:
+        code = main(["images", "import", str(image.manifest_path), "--sha256", "0" * 64,
+                     "--data-dir", str(data_dir)])
+        assert code == 2
+        left = [p for p in images_dir(data_dir).rglob("*")] if images_dir(data_dir).exists() else []
+        assert left == []
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    assert os.path.exists(image.disk)
