@@ -55,8 +55,9 @@ integration: images
 test: images images-desktop lint
 	$(BIN)/pytest -q tests/unit tests/integration
 
-bench: images
-	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; exit $$(( a || b || c ))
+bench: images images-desktop
+	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; \
+	$(BIN)/python bench/computer.py; d=$$?; exit $$(( a || b || c || d ))
 
 clean-cache:
 	rm -rf "$(RIGD_CACHE_DIR)"

@@ -24,25 +24,26 @@ with what a desktop adds:
 
 Phases while a rig comes up: ``creating disk overlay``, ``booting kernel``,
 ``waiting for the guest agent``, ``waiting for the desktop`` (until the X
-server answers the agent and a window manager has claimed the screen).
+server answers the agent, a window manager has claimed the screen and the
+screen is drawn — so a snapshot, and a model's first still, show a desktop).
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import logging
-import shutil
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import trio
+from PIL import Image
 
 from netgate.usermode import UserGate
 from rigd.backends.base import MachineSpec
-from rigd.backends.confine import Identity, UidPool, make_private_dir
+from rigd.backends.confine import Identity, UidPool
 from rigd.backends.desktop_argv import desktop_argv
 from rigd.backends.smolvm import (
     NetGate,
@@ -52,12 +53,12 @@ from rigd.backends.smolvm import (
     net_argv,
     timeouts_for,
 )
-from rigd.backends.snapshot import rig_mac
-from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
+from rigd.backends.snapshot import Snapshot, rig_mac
+from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
 from rigd.frames import Still, encode_still
 from rigd.framing import untrusted_bytes
 from rigd.images.importer import ImportedImage
-from rigd.model import AGENT_STILL_MAX, BACKEND_OF, Accel, Backend
+from rigd.model import AGENT_STILL_MAX, BACKEND_OF, Accel, Backend, Surface
 from rigd.protocols import input as qin
 from rigd.protocols.guest import PROTO_DESKTOP, Stream
 from rigd.verbs import computer as cv
@@ -68,6 +69,12 @@ from rigd.verbs.keys import KeyCombo
 #: bounds a hung boot.
 DESKTOP_BOOT_S = {Accel.TCG: 420.0}
 DESKTOP_BOOT_S_ACCEL = 120.0
+#: How long mouse_move waits for the X server to report the pointer where it was sent.
+POINTER_SETTLE_S = 3.0
+#: A screen with at most this many colours is a blank, not a desktop yet.
+DRAWN_MIN_COLOURS = 8
+#: A restored desktop is already drawn; its agent only has to answer.
+RESTORED_DESKTOP_S = 60.0
 #: A still larger than this from the guest is refused (a 2560x1600 PNG is ~6 MB).
 MAX_STILL_BYTES = 32 << 20
 #: Clipboard text goes to the agent in parts of this many characters.
@@ -94,6 +101,7 @@ class DesktopBackend(SmolvmBackend):
         super().__init__(config, ensure_pack=_no_pack, uids=uids)
         self._image = image
         self._image_lock = trio.Lock()
+        self._current: ImportedImage | None = None
         self.log = logging.getLogger("rigd.desktop")
 
     async def image(self, progress: Callable[[str], None]) -> ImportedImage:
@@ -108,53 +116,55 @@ class DesktopBackend(SmolvmBackend):
         return image
 
     async def warm_snapshot(self, memory_mb: int, vcpus: int) -> None:
-        return None  # desktops boot cold (see docs/decisions.md)
+        return None  # the first cold boot of a shape schedules its snapshot
 
-    @asynccontextmanager
-    async def _open_machine(
-        self, spec: MachineSpec, progress: Callable[[str], None], gateway: NetGate | None
-    ) -> AsyncIterator[DesktopMachine]:
+    # -- the hooks of SmolvmBackend's open/warm-start path ------------------------------
+
+    surface = Surface.COMPUTER
+
+    async def _backing(self, progress: Callable[[str], None]) -> tuple[Path, str]:
         image = await self.image(progress)
-        log = logging.getLogger(f"rigd.rig.{spec.rig_id}")
-        identity = self.uids.acquire()
-        rig_dir = self.state_dir / spec.rig_id
-        overlay = self.run_dir / f"{spec.rig_id}.qcow2"
-        try:
-            make_private_dir(rig_dir, identity)
-            progress("creating disk overlay")
-            await self._make_overlay(overlay, image.disk, "qcow2", identity)
-            failure: RigdError | OSError | None = None
-            async with trio.open_nursery() as nursery:
-                machine = DesktopMachine(
-                    spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
-                    overlay=overlay, log=log, nursery=nursery, gateway=gateway, image=image,
-                )
-                try:
-                    try:
-                        progress("booting kernel")
-                        await machine.boot(progress)
-                    except (RigdError, OSError) as exc:
-                        failure = exc  # raised outside the nursery, unwrapped
-                    else:
-                        yield machine
-                finally:
-                    await machine.shutdown()
-                    nursery.cancel_scope.cancel()
-            if failure is not None:
-                raise failure
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(_remove, rig_dir, overlay)
-                self.uids.release(identity)
+        # The machines of this open are made right after (no await between an
+        # import finishing and this read that could swap the image in between).
+        self._current = image
+        return image.disk, "qcow2"
+
+    def _default_display(self, image: ImportedImage) -> tuple[int, int]:
+        return image.manifest.width or 1280, image.manifest.height or 800
+
+    def _warm_eligible(self, spec: MachineSpec) -> bool:
+        """Warm starts for the usual shape: the server's accelerator, the image's boot mode."""
+        image = self._current
+        return (self.config.warm_starts and image is not None
+                and spec.accel in (None, self.config.accel)
+                and spec.display in (None, self._default_display(image)))
+
+    def _snapshot_shape(self, memory_mb: int, vcpus: int) -> tuple[list[str], dict[str, Any]]:
+        image = self._current
+        assert image is not None
+        net = net_argv(self.config, Path("/@rig"), "@fd")
+        width, height = self._default_display(image)
+        shape = desktop_argv(
+            qemu=self.config.qemu, accel=str(self.config.accel), memory_mb=memory_mb, vcpus=vcpus,
+            disk_overlay=Path("/@disk"), kernel=Path("/@kernel"), initrd=Path("/@initrd"),
+            cmdline_extra=[*image.manifest.cmdline, *net.get("cmdline_extra", [])],
+            qmp_socket=Path("/@rig/qmp.sock"), agent_socket=Path("/@rig/agent.sock"),
+            console_socket=Path("/@rig/console.sock"), width=width, height=height,
+            mac="02:00:00:00:00:00" if "netdev" in net else None, netdev=net.get("netdev"),
+            **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
+        )
+        return shape, {
+            name: {"key": image.sha256, "file": path.name, "size": path.stat().st_size}
+            for name, path in (("kernel", image.kernel), ("initrd", image.initrd))
+        }
+
+    def _new_machine(self, **kw: Any) -> DesktopMachine:
+        assert self._current is not None
+        return DesktopMachine(image=self._current, **kw)
 
 
 def _no_pack(_progress: Callable[[str], None]) -> Path:
     raise BackendError("computer rigs boot an imported image, not a pack")
-
-
-def _remove(rig_dir: Path, overlay: Path) -> None:
-    shutil.rmtree(rig_dir, ignore_errors=True)
-    overlay.unlink(missing_ok=True)
 
 
 class DesktopMachine(SmolvmMachine):
@@ -210,6 +220,14 @@ class DesktopMachine(SmolvmMachine):
     async def boot(self, progress: Callable[[str], None], *, personalize: bool = True) -> None:
         started = trio.current_time()
         await super().boot(progress, personalize=personalize)
+        await self._desktop_up(progress, self.boot_deadline - (trio.current_time() - started))
+
+    async def restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
+        await super().restore(progress, snapshot)
+        await self._desktop_up(progress, RESTORED_DESKTOP_S)
+
+    async def _desktop_up(self, progress: Callable[[str], None], left: float) -> None:
+        """Learn what the agent can do, then wait for X and a window manager."""
         proto = self.hello.get("proto")
         self.proto = proto if isinstance(proto, int) and not isinstance(proto, bool) else 1
         feats = self.hello.get("features")
@@ -220,7 +238,6 @@ class DesktopMachine(SmolvmMachine):
                              "screendump; no modes, selections or pasted text")
             return
         progress("waiting for the desktop")
-        left = self.boot_deadline - (trio.current_time() - started)
         with trio.move_on_after(max(left, 1.0)) as deadline:
             while True:
                 try:
@@ -241,6 +258,8 @@ class DesktopMachine(SmolvmMachine):
             )
 
     async def _session_up(self) -> bool:
+        """A window manager has claimed the root (EWMH) and the screen is drawn
+        (a small still has more than a handful of colours: not a blank)."""
         try:
             result = await self.exec(
                 ["/bin/sh", "-c", "command -v xprop >/dev/null || exit 0; "
@@ -249,7 +268,11 @@ class DesktopMachine(SmolvmMachine):
             )
         except FieldError:  # no /bin/sh: nothing to ask
             return True
-        return result.exit_code == 0
+        if result.exit_code != 0:
+            return False
+        still, _source, _cursor, _marked = await self.still(max_w=160, max_h=100, fmt="png",
+                                                             mark_cursor=False)
+        return await trio.to_thread.run_sync(colours_over, still.data, DRAWN_MIN_COLOURS)
 
     def _note_display(self, body: dict[str, Any]) -> None:
         w, h = body.get("width"), body.get("height")
@@ -384,7 +407,20 @@ class DesktopMachine(SmolvmMachine):
         self._check_point(a.coordinate, "action.coordinate")
         await self.send_plan([qin.move(*a.coordinate, *self.display)])
         self._moved(a.coordinate)
-        return {"coordinate": list(a.coordinate)}
+        return {"coordinate": list(a.coordinate), "settled": await self._pointer_settled(a.coordinate)}
+
+    async def _pointer_settled(self, point: tuple[int, int]) -> bool | None:
+        """Wait (briefly) until the X server has the pointer at ``point``, so the
+        next observation sees the move; None when the agent cannot tell."""
+        if not self._agent_has("cursor"):
+            return None
+        with trio.move_on_after(POINTER_SETTLE_S):
+            while True:
+                body = await self._guest().request("cursor", timeout=self.grace)
+                if body.get("cursor") == list(point):
+                    return True
+                await trio.sleep(0.02)
+        return False
 
     async def _click(self, a: cv.ComputerClick) -> dict[str, Any]:
         if a.coordinate is not None:
@@ -526,6 +562,12 @@ class DesktopMachine(SmolvmMachine):
 
 
 _SHIFT_INSERT = KeyCombo(("Shift_L",), "Insert")
+
+
+def colours_over(image: bytes, limit: int) -> bool:
+    """Whether an encoded image has more than ``limit`` distinct colours."""
+    with Image.open(io.BytesIO(image)) as img:
+        return img.convert("RGB").getcolors(limit) is None
 
 
 def still_json(still: Still, source: str) -> dict[str, Any]:

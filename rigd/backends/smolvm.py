@@ -315,27 +315,48 @@ class SmolvmBackend:
     def _warm_plan_sync(
         self, memory_mb: int, vcpus: int, rootfs: Path, version: str, binary: dict[str, int]
     ) -> WarmPlan:
-        assets = self.config.assets
-        shape = rig_argv(
-            self.config, memory_mb=memory_mb, vcpus=vcpus, rig_dir=Path("/@rig"),
-            overlay=Path("/@disk"), mac=None if self.config.network is None else "02:00:00:00:00:00",
-            kernel=Path("/@kernel"), initrd=Path("/@initrd"), tools=Path("/@tools"), tap_fd="@fd",
-        )
+        shape, assets = self._snapshot_shape(memory_mb, vcpus)
         material = snapshot_material(
             pack=rootfs.parent.name,
             rootfs=file_identity(rootfs.stat()),
             qemu_version=version,
             qemu_binary=binary,
             argv_shape=shape[1:],
-            assets={
-                name: {"key": path.parent.name, "file": path.name, "size": path.stat().st_size}
-                for name, path in (("kernel", assets.kernel), ("initrd", assets.initrd),
-                                   ("tools", assets.tools))
-            },
+            assets=assets,
         )
         key = snapshot_key(material)
         store = SnapshotStore(rootfs.parent / "snapshots", log=self.log)
         return WarmPlan(store, key, material, store.find(key))
+
+    # -- what differs between machine kinds (DesktopBackend overrides these) --------
+
+    #: The surface of the machines this backend boots (snapshot builds are of it).
+    surface = Surface.TERMINAL
+
+    def _snapshot_shape(self, memory_mb: int, vcpus: int) -> tuple[list[str], dict[str, Any]]:
+        """The argv of this shape with placeholders for per-rig paths, and the assets' identity."""
+        assets = self.config.assets
+        shape = rig_argv(
+            self.config, memory_mb=memory_mb, vcpus=vcpus, rig_dir=Path("/@rig"),
+            overlay=Path("/@disk"), mac=None if self.config.network is None else "02:00:00:00:00:00",
+            kernel=Path("/@kernel"), initrd=Path("/@initrd"), tools=Path("/@tools"), tap_fd="@fd",
+        )
+        return shape, {
+            name: {"key": path.parent.name, "file": path.name, "size": path.stat().st_size}
+            for name, path in (("kernel", assets.kernel), ("initrd", assets.initrd),
+                               ("tools", assets.tools))
+        }
+
+    async def _backing(self, progress: Callable[[str], None]) -> tuple[Path, str]:
+        """The file every rig's overlay is backed by, and its format."""
+        return await self.pack(progress), "raw"
+
+    def _warm_eligible(self, spec: MachineSpec) -> bool:
+        """Whether a rig of this spec may start from (and seed) a snapshot."""
+        return self.config.warm_starts
+
+    def _new_machine(self, **kw: Any) -> SmolvmMachine:
+        return SmolvmMachine(**kw)
 
     async def warm_snapshot(self, memory_mb: int, vcpus: int) -> None:
         """Make sure a snapshot of this shape exists or is being built (server start)."""
@@ -387,13 +408,14 @@ class SmolvmBackend:
             try:
                 await trio.to_thread.run_sync(shutil.rmtree, rig_dir, True)
                 make_private_dir(rig_dir, identity)
+                _backing, fmt = await self._backing(_no_progress)
                 await _run_quiet(
-                    [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", "raw",
+                    [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", fmt,
                      "-b", str(await trio.Path(rootfs).resolve()), str(disk)],
                     what="creating the snapshot disk",
                 )
                 give(disk, identity, 0o600)
-                spec = MachineSpec(rig_id=f"snapshot-{key}", surface=Surface.TERMINAL,
+                spec = MachineSpec(rig_id=f"snapshot-{key}", surface=self.surface,
                                    memory_mb=memory_mb, vcpus=vcpus)
                 log.info("building a snapshot", extra={"memory_mb": memory_mb, "vcpus": vcpus})
                 failure: RigdError | OSError | None = None
@@ -401,7 +423,7 @@ class SmolvmBackend:
                     self._gateway(f"snapshot-{key}", None, _no_progress) as gateway,
                     trio.open_nursery() as nursery,
                 ):
-                    machine = SmolvmMachine(
+                    machine = self._new_machine(
                         spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
                         overlay=disk, log=log, nursery=nursery, gateway=gateway,
                     )
@@ -489,9 +511,9 @@ class SmolvmBackend:
         rig_dir = self.state_dir / spec.rig_id
         overlay = self.run_dir / f"{spec.rig_id}.qcow2"
         try:
-            rootfs = await self.pack(progress)
+            rootfs, fmt = await self._backing(progress)
             plan: WarmPlan | None = None
-            if self.config.warm_starts:
+            if self._warm_eligible(spec):
                 try:
                     plan = await self.warm_plan(spec.memory_mb, spec.vcpus, rootfs)
                 except (OSError, BackendError) as exc:
@@ -509,7 +531,7 @@ class SmolvmBackend:
                     failure = exc
                 if failure is None:
                     async with trio.open_nursery() as nursery:
-                        machine = SmolvmMachine(
+                        machine = self._new_machine(
                             spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
                             overlay=overlay, log=log, nursery=nursery, gateway=gateway,
                         )
@@ -539,10 +561,10 @@ class SmolvmBackend:
                 make_private_dir(rig_dir, identity)
 
             progress("creating disk overlay")
-            await self._make_overlay(overlay, rootfs, "raw", identity)
+            await self._make_overlay(overlay, rootfs, fmt, identity)
             boot_failure: RigdError | OSError | None = None
             async with trio.open_nursery() as nursery:
-                machine = SmolvmMachine(
+                machine = self._new_machine(
                     spec=spec, config=self.config, identity=identity, rig_dir=rig_dir,
                     overlay=overlay, log=log, nursery=nursery, gateway=gateway,
                 )

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
@@ -41,6 +42,7 @@ from quart import websocket
 
 from rigd.backends.desktop import DesktopMachine
 from rigd.errors import FieldError, RigdError
+from rigd.frames import Still
 from rigd.model import HUMAN_STILL_MAX
 from rigd.protocols import input as qin
 from rigd.server.app import ServerContext, json_response, lane_caller
@@ -75,36 +77,16 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
         async with trio.open_nursery() as nursery:
 
             async def frames() -> None:
-                last = b""
-                seq = 0
-                while True:
-                    ctx.rigs.keep_watched(rig)
-                    t0 = trio.current_time()
-                    try:
-                        still, source, _cursor, _marked = await machine.still(
-                            max_w=HUMAN_STILL_MAX.width, max_h=HUMAN_STILL_MAX.height,
-                            quality=LIVE_QUALITY,
-                        )
-                    except RigdError as exc:
-                        await websocket.send(json.dumps({"type": "error", "reason": exc.message}))
-                        await trio.sleep(1.0)
-                        continue
-                    digest = hashlib.sha256(still.data).digest()
-                    if digest != last:
-                        last = digest
-                        seq += 1
-                        counts["frames"] += 1
-                        await websocket.send(json.dumps({
-                            "type": "frame", "seq": seq, "source": source,
-                            "display": {"width": still.display_w, "height": still.display_h},
-                            "imageSize": {"width": still.image_w, "height": still.image_h},
-                            "scale": round(still.scale, 6), "mediaType": still.media_type,
-                            "bytes": len(still.data),
-                        }))
-                        await websocket.send(still.data)
-                        await trio.sleep(max(0.0, MIN_FRAME_INTERVAL_S - (trio.current_time() - t0)))
-                    else:
-                        await trio.sleep(IDLE_INTERVAL_S)
+                async for still, source in changed_frames(machine, lambda: ctx.rigs.keep_watched(rig)):
+                    counts["frames"] += 1
+                    await websocket.send(json.dumps({
+                        "type": "frame", "seq": counts["frames"], "source": source,
+                        "display": {"width": still.display_w, "height": still.display_h},
+                        "imageSize": {"width": still.image_w, "height": still.image_h},
+                        "scale": round(still.scale, 6), "mediaType": still.media_type,
+                        "bytes": len(still.data),
+                    }))
+                    await websocket.send(still.data)
 
             nursery.start_soon(frames)
             while True:
@@ -131,6 +113,35 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
         with trio.CancelScope(shield=True):
             await ctx.rigs.audit_event(rig, caller, "view_close", dict(counts))
     return None
+
+
+async def changed_frames(
+    machine: DesktopMachine, tick: Callable[[], None]
+) -> AsyncIterator[tuple[Still, str]]:
+    """Stills of the screen (up to 2560x1600), each yielded only when it changed.
+
+    ``tick`` is called before every grab (the live view keeps the rig watched
+    with it). A grab that fails is retried a second later; the view never ends
+    on its own.
+    """
+    last = b""
+    while True:
+        tick()
+        t0 = trio.current_time()
+        try:
+            still, source, _cursor, _marked = await machine.still(
+                max_w=HUMAN_STILL_MAX.width, max_h=HUMAN_STILL_MAX.height, quality=LIVE_QUALITY,
+            )
+        except RigdError:
+            await trio.sleep(1.0)
+            continue
+        digest = hashlib.sha256(still.data).digest()
+        if digest == last:
+            await trio.sleep(IDLE_INTERVAL_S)
+            continue
+        last = digest
+        yield still, source
+        await trio.sleep(max(0.0, MIN_FRAME_INTERVAL_S - (trio.current_time() - t0)))
 
 
 def _int(msg: dict[str, Any], name: str, lo: int, hi: int) -> int:
@@ -193,4 +204,4 @@ def plan_input(msg: dict[str, Any], display: tuple[int, int]) -> tuple[list[qin.
     raise FieldError("type", "must be move, button, wheel, key, text or ping")
 
 
-__all__ = ["plan_input", "serve_live"]
+__all__ = ["changed_frames", "plan_input", "serve_live"]

@@ -319,6 +319,32 @@ def test_audit_masks_typed_text(desk: tuple[Server, str]) -> None:
     assert "rig-$((6*7))" not in json.dumps(log)
 
 
+def test_a_second_desktop_starts_warm_and_is_its_own_machine(desk: tuple[Server, str]) -> None:
+    """The first cold boot seeded a snapshot of the shape; the next rig is restored from it."""
+    srv, rig = desk
+    deadline = time.monotonic() + 300
+    while not list((srv.data_dir / "rigs" / "images").glob("sha256-*/snapshots/*/snapshot.json")):
+        assert time.monotonic() < deadline, "no desktop snapshot was built:\n" + srv.log()[-3000:]
+        time.sleep(2)
+    t0 = time.monotonic()
+    second = srv.call("rig.open", {"workspace": "default", "surface": "computer",
+                                   "memoryMb": 2048, "vcpus": 2})
+    took = time.monotonic() - t0
+    try:
+        assert second["boot"] == "warm", second
+        print(f"warm desktop in {took:.1f} s")
+        ids = {sh(srv, r, "cat /etc/machine-id").strip() for r in (rig, second["id"])}
+        assert len(ids) == 2
+        shot = act(srv, second["id"], action="screenshot")
+        with Image.open(io.BytesIO(base64.b64decode(shot["image"]["data"]))) as img:
+            colours = img.convert("RGB").getcolors(1 << 20)
+            assert colours is not None and len(colours) > 8  # a drawn desktop
+        act(srv, second["id"], action="mouse_move", coordinate=[77, 66])
+        assert act(srv, second["id"], action="cursor_position")["coordinate"] == [77, 66]
+    finally:
+        srv.call("rig.close", {"rigId": second["id"]})
+
+
 def test_import_with_a_wrong_checksum_leaves_no_file(tmp_path: Path) -> None:
     from rigd.cli import main
     from rigd.images.importer import images_dir
