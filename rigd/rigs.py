@@ -66,6 +66,7 @@ from rigd.store.server_db import User
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
 from rigd.verbs import ParseContext, TerminalExec, audit_args, is_observation, parse_action
+from rigd.verbs.base import DESKTOP_MIN
 
 log = logging.getLogger("rigd.rigs")
 
@@ -316,6 +317,10 @@ class RigManager:
         qemu-tcg when the server was started with ``--accel tcg``) unless the
         caller names a backend; software emulation is used only when named."""
         assert self.accel is not None
+        if params.display is not None and (params.display.width < DESKTOP_MIN.width
+                                           or params.display.height < DESKTOP_MIN.height):
+            raise FieldError("display", f"a desktop's mode is at least {DESKTOP_MIN.width}x"
+                                        f"{DESKTOP_MIN.height} (set_display has the same floor)")
         named = isinstance(raw, dict) and raw.get("backend") is not None
         if not named:
             return dataclasses.replace(params, backend=BACKEND_OF[self.accel])
@@ -860,17 +865,8 @@ class RigManager:
 
     async def view_rig(self, caller: Caller, rig_id: str) -> LiveRig:
         """The rig behind a live view: watched (pinned) from now, woken if parked."""
-        row, _db, live = await self._visible(caller, rig_id)
-        if live is None or live.phase not in lifecycle.LIVE:
-            raise Conflict(f"rig {rig_id} is {row.phase}; there is nothing to watch")
-        self.keep_watched(live)
-        async with live.state_lock:
-            if live.phase is Phase.PARKED:
-                await self._wake(live, "woken by a watcher")
-            lifecycle.require_phase(live.phase, frozenset({Phase.READY}), "watch the screen")
-        if live.machine is None:
-            raise Conflict(f"rig {rig_id}: the machine is not running")
-        return live
+        return await self._lane_rig(caller, rig_id, "watch the screen", "woken by a watcher",
+                                    watch=True)
 
     def keep_watched(self, rig: LiveRig) -> None:
         """A watcher is still there (called by the live view, in memory)."""
@@ -1024,14 +1020,23 @@ class RigManager:
     async def terminal_rig(self, caller: Caller, rig_id: str) -> LiveRig:
         """The rig behind a PTY session: woken if parked; typing changes state, so
         a person's control lease is respected."""
+        return await self._lane_rig(caller, rig_id, "open a terminal", "woken by a terminal",
+                                    control=True)
+
+    async def _lane_rig(self, caller: Caller, rig_id: str, doing: str, woken: str, *,
+                        control: bool = False, watch: bool = False) -> LiveRig:
+        """A running rig for a WebSocket lane, woken if parked (and pinned by a watcher)."""
         row, _db, live = await self._visible(caller, rig_id)
-        if live is None:
-            raise Conflict(f"rig {rig_id} is {row.phase}; a terminal needs a running rig")
-        self._check_control(live, caller)
+        if live is None or live.phase not in lifecycle.LIVE:
+            raise Conflict(f"rig {rig_id} is {row.phase}; cannot {doing}")
+        if control:
+            self._check_control(live, caller)
+        if watch:
+            self.keep_watched(live)
         async with live.state_lock:
             if live.phase is Phase.PARKED:
-                await self._wake(live, "woken by a terminal")
-            lifecycle.require_phase(live.phase, frozenset({Phase.READY}), "open a terminal")
+                await self._wake(live, woken)
+            lifecycle.require_phase(live.phase, frozenset({Phase.READY}), doing)
         if live.machine is None:
             raise Conflict(f"rig {rig_id}: the machine is not running")
         return live

@@ -43,10 +43,9 @@ from PIL import Image
 
 from netgate.usermode import UserGate
 from rigd.backends.base import MachineSpec
-from rigd.backends.confine import Identity, UidPool
+from rigd.backends.confine import UidPool
 from rigd.backends.desktop_argv import desktop_argv
 from rigd.backends.smolvm import (
-    NetGate,
     SmolvmBackend,
     SmolvmConfig,
     SmolvmMachine,
@@ -168,23 +167,11 @@ def _no_pack(_progress: Callable[[str], None]) -> Path:
 
 
 class DesktopMachine(SmolvmMachine):
-    def __init__(
-        self,
-        *,
-        spec: MachineSpec,
-        config: SmolvmConfig,
-        identity: Identity,
-        rig_dir: Path,
-        overlay: Path,
-        log: logging.Logger,
-        nursery: trio.Nursery,
-        gateway: NetGate | None,
-        image: ImportedImage,
-    ) -> None:
-        super().__init__(spec=spec, config=config, identity=identity, rig_dir=rig_dir,
-                         overlay=overlay, log=log, nursery=nursery, gateway=gateway)
+    def __init__(self, *, image: ImportedImage, **machine: Any) -> None:
+        """``machine``: :class:`SmolvmMachine`'s arguments (spec, config, identity, rig_dir …)."""
+        super().__init__(**machine)
         self.image = image
-        self.accel = spec.accel or config.accel
+        self.accel = self.spec.accel or self.config.accel
         _boot, self.grace = timeouts_for(self.accel)
         self.boot_deadline = DESKTOP_BOOT_S.get(self.accel, DESKTOP_BOOT_S_ACCEL)
         self.info = dataclasses.replace(
@@ -192,7 +179,7 @@ class DesktopMachine(SmolvmMachine):
             image=f"sha256:{image.sha256}", security_boundary=self.accel is not Accel.TCG,
         )
         manifest = image.manifest
-        self.display: tuple[int, int] = spec.display or (manifest.width or 1280, manifest.height or 800)
+        self.display: tuple[int, int] = self.spec.display or (manifest.width or 1280, manifest.height or 800)
         #: Where the pointer is, as far as the host knows (it moved it).
         self.pointer: tuple[int, int] = (self.display[0] // 2, self.display[1] // 2)
         self.features: frozenset[str] = frozenset()

@@ -27,6 +27,8 @@ class FakeMachine:
     calls: list[list[str]] = field(default_factory=list)
     performed: list[str] = field(default_factory=list)
     policy: Any = None
+    #: What ``perform`` answers per verb (default: ``{"performed": verb}``).
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     async def exec(
         self,
@@ -65,7 +67,7 @@ class FakeMachine:
     async def perform(self, action: Any) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
         self.performed.append(action.verb)
-        return {"performed": action.verb}
+        return self.answers.get(action.verb, {"performed": action.verb})
 
     async def park(self) -> None:
         self.parked = True

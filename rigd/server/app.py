@@ -155,3 +155,9 @@ async def lane_caller(ctx: ServerContext, kind: str, rig_id: str) -> Caller:
     signed = ctx.signer.verify(kind, ws_id, rig_id, dict(websocket.args))
     user = await ctx.stores.run(ctx.stores.server.get_user, signed.user_id)
     return Caller(user)
+
+
+def lane_refusal(exc: RigdError) -> Response:
+    """The HTTP answer to a lane WebSocket that is refused before the upgrade."""
+    status = 404 if exc.code == -32004 else 409 if exc.code == -32009 else 401
+    return json_response({"error": exc.to_json()}, status)

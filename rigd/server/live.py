@@ -45,7 +45,7 @@ from rigd.errors import FieldError, RigdError
 from rigd.frames import Still
 from rigd.model import HUMAN_STILL_MAX
 from rigd.protocols import input as qin
-from rigd.server.app import ServerContext, json_response, lane_caller
+from rigd.server.app import ServerContext, json_response, lane_caller, lane_refusal
 from rigd.verbs.masking import mask
 
 #: The fastest the view polls the screen; a grab itself takes ~0.1-0.6 s under TCG.
@@ -61,8 +61,7 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
         caller = await lane_caller(ctx, "rig-view", rig_id)
         rig = await ctx.rigs.view_rig(caller, rig_id)
     except RigdError as exc:
-        status = 404 if exc.code == -32004 else 409 if exc.code == -32009 else 401
-        return json_response({"error": exc.to_json()}, status)
+        return lane_refusal(exc)
     machine = rig.machine
     if not isinstance(machine, DesktopMachine):
         return json_response({"error": {"message": "only computer rigs have a live view"}}, 409)

@@ -173,30 +173,27 @@ def build_methods(
             rigs.memory_budget_mb = integer(params, "memoryBudgetMb", 256, 1 << 24, 0, "MB")
         return {"memoryBudgetMb": rigs.memory_budget_mb}
 
-    async def terminal_url(caller: Caller, raw: object) -> dict[str, Any]:
+    async def signed_url(caller: Caller, raw: object, kind: str, route: str,
+                         surface: str | None = None) -> dict[str, Any]:
         params = obj(raw)
         no_extra(params, {"rigId"})
         rig_id = ident(params, "rigId")
         assert rig_id is not None
         rig = await rigs.get(caller, {"rigId": rig_id})
-        q = signer.sign("rig-term", rig["workspace"], rig_id, caller.user.id)
-        path = f"/rig/term/{rig_id}?u={q['u']}&exp={q['exp']}&sig={q['sig']}"
+        if surface is not None and rig["surface"] != surface:
+            raise FieldError("rigId", f"a {rig['surface']} rig has no {route} lane")
+        q = signer.sign(kind, rig["workspace"], rig_id, caller.user.id)
+        path = f"/rig/{route}/{rig_id}?u={q['u']}&exp={q['exp']}&sig={q['sig']}"
         ws_base = base_url[0].replace("http://", "ws://").replace("https://", "wss://") if base_url else ""
         return {"path": path, "url": ws_base + path, "expires": int(q["exp"])}
 
+    async def terminal_url(caller: Caller, raw: object) -> dict[str, Any]:
+        """A signed ``rig-term`` URL of the PTY lane (/rig/term/<rigId>)."""
+        return await signed_url(caller, raw, "rig-term", "term")
+
     async def view_url(caller: Caller, raw: object) -> dict[str, Any]:
-        """A signed ``rig-view`` URL for a computer rig's live view (/rig/live/<rigId>)."""
-        params = obj(raw)
-        no_extra(params, {"rigId"})
-        rig_id = ident(params, "rigId")
-        assert rig_id is not None
-        rig = await rigs.get(caller, {"rigId": rig_id})
-        if rig["surface"] != "computer":
-            raise FieldError("rigId", f"a {rig['surface']} rig has no live view")
-        q = signer.sign("rig-view", rig["workspace"], rig_id, caller.user.id)
-        path = f"/rig/live/{rig_id}?u={q['u']}&exp={q['exp']}&sig={q['sig']}"
-        ws_base = base_url[0].replace("http://", "ws://").replace("https://", "wss://") if base_url else ""
-        return {"path": path, "url": ws_base + path, "expires": int(q["exp"])}
+        """A signed ``rig-view`` URL of a computer rig's live view (/rig/live/<rigId>)."""
+        return await signed_url(caller, raw, "rig-view", "live", surface="computer")
 
     return {
         "rig.open": Method(rigs.open),

@@ -19,7 +19,7 @@ import trio
 from quart import websocket
 
 from rigd.errors import FieldError, RigdError
-from rigd.server.app import ServerContext, json_response, lane_caller
+from rigd.server.app import ServerContext, lane_caller, lane_refusal
 
 MAX_COLS = 1000
 MAX_ROWS = 1000
@@ -39,8 +39,7 @@ async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
         caller = await lane_caller(ctx, "rig-term", rig_id)
         rig = await ctx.rigs.terminal_rig(caller, rig_id)
     except RigdError as exc:
-        status = 404 if exc.code == -32004 else 409 if exc.code == -32009 else 401
-        return json_response({"error": exc.to_json()}, status)
+        return lane_refusal(exc)
     machine = rig.machine
     assert machine is not None
     await websocket.accept()

@@ -138,10 +138,12 @@ def reap(data_dir: Path) -> list[int]:
     return leaked
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
-    data_dir = make_data_dir()
-    srv = start_server(data_dir)
+@contextlib.contextmanager
+def serving(data_dir: Path, *extra: str) -> Iterator[Server]:
+    """A server on ``data_dir`` for the block; then it is stopped, every QEMU
+    naming the directory is killed by pid (a leak fails the test), and the
+    directory is removed. A failure prints the server's log."""
+    srv = start_server(data_dir, *extra)
     failed = False
     try:
         yield srv
@@ -155,6 +157,12 @@ def server() -> Iterator[Server]:
             sys.stderr.write(srv.log()[-8000:])
         shutil.rmtree(data_dir, ignore_errors=True)
         assert not leaked, f"QEMU processes outlived the server: {leaked}"
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with serving(make_data_dir()) as srv:
+        yield srv
 
 
 def open_terminal(srv: Server, **params: Any) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from rigd.images.desktop import find_desktop
-from tests.integration.conftest import Server, make_data_dir, reap, start_server
+from tests.integration.conftest import Server, make_data_dir, serving
 
 pytestmark = [
     pytest.mark.vm,
@@ -43,26 +42,13 @@ AS_RIG = f"runuser -u rig -- env {SESSION} DBUS_SESSION_BUS_ADDRESS=unix:path=/r
 @pytest.fixture(scope="module")
 def desk() -> Iterator[tuple[Server, str]]:
     find_desktop()  # built by `make images-desktop` (the test target depends on it)
-    data_dir = make_data_dir()
-    srv = start_server(data_dir)
-    failed = False
-    try:
+    with serving(make_data_dir()) as srv:
         t0 = time.monotonic()
         rig = srv.call("rig.open", {"workspace": "default", "surface": "computer",
                                     "memoryMb": 2048, "vcpus": 2})
         print(f"computer rig ready in {time.monotonic() - t0:.1f} s ({rig['boot']})")
         assert rig["phase"] == "ready", rig
         yield srv, rig["id"]
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        srv.stop()
-        leaked = reap(data_dir)
-        if failed or leaked:
-            sys.stderr.write(srv.log()[-8000:])
-        shutil.rmtree(data_dir, ignore_errors=True)
-        assert not leaked, f"QEMU processes outlived the server: {leaked}"
 
 
 def act(srv: Server, rig: str, token: str | None = None, **action: Any) -> dict[str, Any]:

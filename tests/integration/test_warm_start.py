@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from tests.integration.conftest import (
     open_terminal,
     qemu_pids_for,
     reap,
+    serving,
     start_server,
 )
 
@@ -67,22 +67,12 @@ def private_pack_data_dir() -> tuple[Path, Path]:
 def warm() -> Iterator[tuple[Server, Path]]:
     data_dir, rootfs = private_pack_data_dir()
     env_before = os.environ.pop("RIGD_WARM_STARTS", None)
-    srv = start_server(data_dir)
-    failed = False
     try:
-        yield srv, rootfs
-    except BaseException:
-        failed = True
-        raise
+        with serving(data_dir) as srv:
+            yield srv, rootfs
     finally:
         if env_before is not None:
             os.environ["RIGD_WARM_STARTS"] = env_before
-        srv.stop()
-        leaked = reap(data_dir)
-        if failed or leaked:
-            sys.stderr.write(srv.log()[-8000:])
-        shutil.rmtree(data_dir, ignore_errors=True)
-        assert not leaked, f"QEMU processes outlived the server: {leaked}"
 
 
 def snapshots(rootfs: Path) -> list[str]:

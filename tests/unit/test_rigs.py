@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -31,14 +32,19 @@ class World:
         self.rigs = RigManager(self.stores, {Surface.TERMINAL: self.backend}, accel=Accel.TCG)
 
 
-@pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    w = World(tmp_path)
+@asynccontextmanager
+async def running(w: World) -> AsyncIterator[World]:
     async with trio.open_nursery() as nursery:
         await nursery.start(w.rigs.run)
         yield w
         nursery.cancel_scope.cancel()
     w.stores.close()
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async with running(World(tmp_path)) as w:
+        yield w
 
 
 async def test_open_exec_close_keeps_audit_rows(world: World) -> None:
@@ -164,3 +170,57 @@ async def test_shutdown_closes_with_server_shutdown(world: World) -> None:
     await world.rigs.shutdown()
     got = await world.rigs.get(world.admin, {"rigId": rig["id"]})
     assert got["phase"] == "closed" and got["closeReason"] == "serverShutdown"
+
+
+@pytest.fixture
+async def desk_world(tmp_path: Path) -> AsyncIterator[World]:
+    w = World(tmp_path)
+    w.rigs.backends[Surface.COMPUTER] = w.backend
+    async with running(w):
+        yield w
+
+
+async def test_a_computer_rig_runs_on_the_servers_accelerator(desk_world: World) -> None:
+    w = desk_world
+    rig = await w.rigs.open(w.admin, {"workspace": "default", "surface": "computer"})
+    assert rig["backend"] == "qemu-tcg" and rig["display"] == {"width": 1280, "height": 800}
+    spec = w.backend.machines[-1].spec
+    assert spec.accel is Accel.TCG and spec.display == (1280, 800)
+    assert rig["execImage"] is False
+    named = await w.rigs.open(w.admin, {"workspace": "default", "surface": "computer",
+                                        "backend": "qemu-tcg", "display": {"width": 1920, "height": 1080}})
+    assert w.backend.machines[-1].spec.display == (1920, 1080) and named["backend"] == "qemu-tcg"
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "words"),
+    [
+        ({"backend": "qemu-kvm"}, "backend", "needs kvm"),
+        ({"backend": "qemu-hvf"}, "backend", "needs hvf"),
+        ({"backend": "smolvm"}, "backend", "runs on"),
+        ({"display": {"width": 320, "height": 240}}, "display", "at least 640x480"),
+    ],
+)
+async def test_computer_open_refusals_name_the_field(
+    desk_world: World, params: dict[str, object], field: str, words: str
+) -> None:
+    with pytest.raises(FieldError) as exc:
+        await desk_world.rigs.open(desk_world.admin, {"workspace": "default", "surface": "computer", **params})
+    assert exc.value.field == field and words in exc.value.message
+    assert desk_world.backend.machines == []
+
+
+async def test_a_new_mode_in_a_result_moves_the_coordinate_bounds(desk_world: World) -> None:
+    w = desk_world
+    rig = await w.rigs.open(w.admin, {"workspace": "default", "surface": "computer"})
+    machine = w.backend.machines[-1]
+    machine.answers["set_display"] = {"display": {"width": 1920, "height": 1080}, "changed": True}
+    await w.rigs.act(w.admin, {"rigId": rig["id"], "tool": "computer_use",
+                               "action": {"action": "set_display", "width": 1920, "height": 1080}})
+    assert (await w.rigs.get(w.admin, {"rigId": rig["id"]}))["display"] == {"width": 1920, "height": 1080}
+    await w.rigs.act(w.admin, {"rigId": rig["id"], "tool": "computer_use",
+                               "action": {"action": "mouse_move", "coordinate": [1900, 1000]}})
+    with pytest.raises(FieldError) as exc:
+        await w.rigs.act(w.admin, {"rigId": rig["id"], "tool": "computer_use",
+                                   "action": {"action": "mouse_move", "coordinate": [1920, 10]}})
+    assert exc.value.field == "action.coordinate" and "1920x1080" in exc.value.message
