@@ -31,6 +31,7 @@ screen is drawn — so a snapshot, and a model's first still, show a desktop).
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import io
 import logging
@@ -68,6 +69,11 @@ from rigd.verbs.keys import KeyCombo
 #: bounds a hung boot.
 DESKTOP_BOOT_S = {Accel.TCG: 420.0}
 DESKTOP_BOOT_S_ACCEL = 120.0
+#: How long a click or drag waits after its last button event (libinput debounces
+#: buttons on a timer; a move sent at once could be applied before them).
+BUTTON_SETTLE_S = 0.1
+#: How long a scroll waits before the next action may move the pointer.
+SCROLL_SETTLE_S = 0.5
 #: How long mouse_move waits for the X server to report the pointer where it was sent.
 POINTER_SETTLE_S = 3.0
 #: A screen with at most this many colours is a blank, not a desktop yet.
@@ -409,12 +415,34 @@ class DesktopMachine(SmolvmMachine):
                 await trio.sleep(0.02)
         return False
 
+    async def _move_first(self, point: tuple[int, int] | None, field: str) -> None:
+        """Put the pointer at ``point`` and wait until X has it there, so buttons
+        pressed next are pressed *there* even when the guest runs behind."""
+        if point is None:
+            return
+        self._check_point(point, field)
+        await self.send_plan([qin.move(*point, *self.display)])
+        self._moved(point)
+        await self._pointer_settled(point)
+
+    async def _input_processed(self) -> None:
+        """Let X deliver the buttons just sent before anything moves the pointer.
+
+        Xorg's input thread moves the pointer as soon as it reads a motion,
+        while the main thread stamps button events with the pointer's position
+        when it gets to them; a guest running behind would report a click at
+        the *next* action's point. A request to X (the agent's ``cursor``)
+        makes the main thread process the input queued before it."""
+        await trio.sleep(BUTTON_SETTLE_S)
+        if self._agent_has("cursor"):
+            with contextlib.suppress(GuestError):
+                await self._guest().request("cursor", timeout=self.grace)
+
     async def _click(self, a: cv.ComputerClick) -> dict[str, Any]:
-        if a.coordinate is not None:
-            self._check_point(a.coordinate, "action.coordinate")
-        await self.send_plan(qin.plan_click(a.coordinate, self.display, button_name=a.button,
+        await self._move_first(a.coordinate, "action.coordinate")
+        await self.send_plan(qin.plan_click(None, self.display, button_name=a.button,
                                             clicks=a.clicks, modifiers=a.modifiers))
-        self._moved(a.coordinate)
+        await self._input_processed()
         return {"coordinate": list(self.pointer), "button": a.button, "clicks": a.clicks}
 
     _do_left_click = _do_right_click = _do_middle_click = _click
@@ -431,19 +459,28 @@ class DesktopMachine(SmolvmMachine):
         return {"coordinate": list(self.pointer), "button": "left", "down": False}
 
     async def _do_left_click_drag(self, a: cv.ComputerLeftClickDrag) -> dict[str, Any]:
-        self._check_point(a.start, "action.start_coordinate")
         self._check_point(a.end, "action.coordinate")
+        await self._move_first(a.start, "action.start_coordinate")
         await self.send_plan(qin.plan_drag(a.start, a.end, self.display))
         self._moved(a.end)
+        await self._pointer_settled(a.end)
+        await self._input_processed()
         return {"from": list(a.start), "to": list(a.end)}
 
     async def _do_scroll(self, a: cv.ComputerScroll) -> dict[str, Any]:
-        if a.coordinate is not None:
-            self._check_point(a.coordinate, "action.coordinate")
-        await self.send_plan(qin.plan_scroll(a.coordinate, self.display, str(a.direction),
+        await self._move_first(a.coordinate, "action.coordinate")
+        await self.send_plan(qin.plan_scroll(None, self.display, str(a.direction),
                                              a.amount, a.modifiers))
-        self._moved(a.coordinate)
-        return {"direction": str(a.direction), "amount": a.amount, "coordinate": list(self.pointer)}
+        # libinput holds wheel events back a moment (its wheel state machine);
+        # a pointer move sent meanwhile would overtake them and the scroll
+        # would land where the next action points.
+        await trio.sleep(SCROLL_SETTLE_S)
+        await self._input_processed()
+        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount,
+                               "coordinate": list(self.pointer)}
+        if str(a.direction) in qin.SHIFT_WHEEL:
+            out["note"] = "sent as shift + the vertical wheel (the rig's tablet has no horizontal wheel)"
+        return out
 
     async def _do_key(self, a: cv.ComputerKey) -> dict[str, Any]:
         try:

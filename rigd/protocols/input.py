@@ -73,6 +73,10 @@ CHAR_KEYS: dict[str, tuple[str, bool]] = {
 }
 
 BUTTONS = {"left": "left", "right": "right", "middle": "middle"}
+#: Held modifiers get a moment before and after the buttons they modify: the
+#: guest's input stack reads keyboard and pointer as separate devices, and a
+#: wheel notch delivered after the modifier's release is an unmodified one.
+MOD_GAP_S = 0.05
 
 
 class UnknownKey(ValueError):
@@ -197,14 +201,14 @@ def plan_click(
         steps.append(move(point[0], point[1], *size))
     mods = [qcode_of(m)[0] for m in modifiers]
     if mods:
-        steps.append([_key(q, True) for q in mods])
+        steps += [[_key(q, True) for q in mods], Pause(MOD_GAP_S)]
     for i in range(clicks):
         steps.append([button(button_name, True)])
         steps.append([button(button_name, False)])
         if i + 1 < clicks:
             steps.append(Pause(gap_s))
     if mods:
-        steps.append([_key(q, False) for q in reversed(mods)])
+        steps += [Pause(MOD_GAP_S), [_key(q, False) for q in reversed(mods)]]
     return steps
 
 
@@ -222,20 +226,33 @@ def plan_drag(start: tuple[int, int], end: tuple[int, int], size: tuple[int, int
 
 
 WHEEL = {"up": "wheel-up", "down": "wheel-down", "left": "wheel-left", "right": "wheel-right"}
+#: Sideways scrolling where the pointing device has no horizontal wheel: shift
+#: + the vertical wheel, which GTK, Qt, Chromium and Firefox take as sideways.
+#: QEMU 7.2's virtio tablet and usb-tablet drop wheel-left/right silently.
+SHIFT_WHEEL = {"left": "wheel-up", "right": "wheel-down"}
 
 
 def plan_scroll(point: tuple[int, int] | None, size: tuple[int, int], direction: str,
-                amount: int, modifiers: Iterable[str] = ()) -> list[Step]:
+                amount: int, modifiers: Iterable[str] = (), *, hwheel: bool = False) -> list[Step]:
+    """Move (optionally), hold modifiers, turn the wheel ``amount`` notches.
+
+    ``hwheel``: the device has a horizontal wheel; without one, left/right
+    become shift + wheel up/down (shift is added to the held modifiers).
+    """
     steps: list[Step] = []
     if point is not None:
         steps.append(move(point[0], point[1], *size))
     mods = [qcode_of(m)[0] for m in modifiers]
-    if mods:
-        steps.append([_key(q, True) for q in mods])
     wheel = WHEEL[direction]
+    if direction in SHIFT_WHEEL and not hwheel:
+        wheel = SHIFT_WHEEL[direction]
+        if "shift" not in mods and "shift_r" not in mods:
+            mods.append("shift")
+    if mods:
+        steps += [[_key(q, True) for q in mods], Pause(MOD_GAP_S)]
     for _ in range(amount):
         steps.append([button(wheel, True)])
         steps.append([button(wheel, False)])
     if mods:
-        steps.append([_key(q, False) for q in reversed(mods)])
+        steps += [Pause(MOD_GAP_S), [_key(q, False) for q in reversed(mods)]]
     return steps

@@ -154,12 +154,13 @@ async def test_text_an_old_agent_cannot_paste_is_refused_before_any_key(tmp_path
 
 async def test_clicks_scale_to_the_tablet_and_check_the_mode(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
-        m = make(tmp_path, nursery)
+        m = make(tmp_path, nursery, answers={"cursor": lambda _f, _s: {"cursor": list(m.pointer)}})
         out = await m.perform(action({"action": "double_click", "coordinate": [1279, 799]}))
         assert out["clicks"] == 2
         events = qmp_events(m)
         assert events[:2] == qin.move(1279, 799, 1280, 800)
         assert [e["data"]["down"] for e in events if e["type"] == "btn"] == [True, False, True, False]
+        assert isinstance(m.guest, FakeGuest) and m.guest.requests[0][0] == "cursor"  # moved, then clicked
         m.display = (800, 600)  # the guest changed its mode
         with pytest.raises(FieldError) as exc:
             await m.perform(action({"action": "left_click", "coordinate": [900, 10]}))

@@ -78,9 +78,21 @@ def test_text_splits_into_typeable_and_pasted_runs() -> None:
 def test_clicks_drags_and_scrolls() -> None:
     plan = plan_click((10, 20), (1280, 800), button_name="left", clicks=2, modifiers=("Shift_L",))
     kinds = [type(s).__name__ if isinstance(s, Pause) else s[0]["type"] for s in plan]
-    assert kinds == ["abs", "key", "btn", "btn", "Pause", "btn", "btn", "key"]
+    assert kinds == ["abs", "key", "Pause", "btn", "btn", "Pause", "btn", "btn", "Pause", "key"]
     drag = plan_drag((0, 0), (100, 100), (1280, 800), steps_between=4)
     assert drag[1][0]["data"] == {"down": True, "button": "left"}  # type: ignore[index]
     assert drag[-1][0]["data"] == {"down": False, "button": "left"}  # type: ignore[index]
     scroll = plan_scroll(None, (1280, 800), "down", 3)
     assert [s[0]["data"]["button"] for s in scroll] == ["wheel-down"] * 6  # type: ignore[index]
+
+
+def test_sideways_scroll_is_shift_wheel_without_a_horizontal_wheel() -> None:
+    left = plan_scroll((5, 5), (1280, 800), "left", 2)
+    assert left[1] == [{"type": "key", "data": {"down": True, "key": {"type": "qcode", "data": "shift"}}}]
+    assert isinstance(left[2], Pause) and isinstance(left[-2], Pause)  # the modifier settles
+    assert [s[0]["data"]["button"] for s in left[3:-2]] == ["wheel-up"] * 4  # type: ignore[index]
+    assert left[-1][0]["data"]["down"] is False  # type: ignore[index]
+    held = plan_scroll(None, (1280, 800), "right", 1, ["Shift_L"])
+    assert sum(1 for s in held if not isinstance(s, Pause) for e in s if e["type"] == "key") == 2
+    native = plan_scroll(None, (1280, 800), "right", 1, hwheel=True)
+    assert [s[0]["data"]["button"] for s in native] == ["wheel-right"] * 2  # type: ignore[index]
