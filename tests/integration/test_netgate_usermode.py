@@ -304,6 +304,14 @@ def readable_code(dest: Path) -> Path:
 def start_unprivileged(world: FakeInternet) -> tuple[Server, Path]:
     unprivileged_assets()
     data_dir = Path(tempfile.mkdtemp(prefix="rigd-test-nobody-", dir="/var/tmp"))
+    try:
+        return _start_unprivileged(world, data_dir)
+    except BaseException:
+        shutil.rmtree(data_dir, ignore_errors=True)  # the test's own cleanup never runs
+        raise
+
+
+def _start_unprivileged(world: FakeInternet, data_dir: Path) -> tuple[Server, Path]:
     (data_dir / "rigs").mkdir()
     (data_dir / "rigs" / "smolvm-packs").symlink_to(UNPRIV_PACKS)
     ca = data_dir / "fake-ca.pem"
