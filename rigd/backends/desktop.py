@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import contextvars
 import dataclasses
 import io
 import logging
@@ -106,7 +107,6 @@ class DesktopBackend(SmolvmBackend):
         super().__init__(config, ensure_pack=_no_pack, uids=uids)
         self._image = image
         self._image_lock = trio.Lock()
-        self._current: ImportedImage | None = None
         self.log = logging.getLogger("rigd.desktop")
 
     async def image(self, progress: Callable[[str], None]) -> ImportedImage:
@@ -126,13 +126,18 @@ class DesktopBackend(SmolvmBackend):
     # -- the hooks of SmolvmBackend's open/warm-start path ------------------------------
 
     surface = Surface.COMPUTER
+    backing_format = "qcow2"
+
+    @property
+    def _current(self) -> ImportedImage | None:
+        return _OPENING.get()
 
     async def _backing(self, progress: Callable[[str], None]) -> tuple[Path, str]:
         image = await self.image(progress)
-        # The machines of this open are made right after (no await between an
-        # import finishing and this read that could swap the image in between).
-        self._current = image
-        return image.disk, "qcow2"
+        # What this open (this Trio task, and the snapshot build it spawns) boots,
+        # even if another open meanwhile finds a newer import.
+        _OPENING.set(image)
+        return image.disk, self.backing_format
 
     def _default_display(self, image: ImportedImage) -> tuple[int, int]:
         return image.manifest.width or 1280, image.manifest.height or 800
@@ -166,6 +171,11 @@ class DesktopBackend(SmolvmBackend):
     def _new_machine(self, **kw: Any) -> DesktopMachine:
         assert self._current is not None
         return DesktopMachine(image=self._current, **kw)
+
+
+#: The image the current task's open boots (Trio tasks copy the context they start in).
+_OPENING: contextvars.ContextVar[ImportedImage | None] = contextvars.ContextVar("rigd_desktop_image",
+                                                                               default=None)
 
 
 def _no_pack(_progress: Callable[[str], None]) -> Path:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -289,7 +290,8 @@ class SmolvmBackend:
         if self._background is not None:
             self._background.start_soon(guarded, name=name)
         else:
-            trio.lowlevel.spawn_system_task(guarded, name=name)
+            # (a system task would otherwise start in an empty context)
+            trio.lowlevel.spawn_system_task(guarded, name=name, context=contextvars.copy_context())
 
     # -- warm starts ----------------------------------------------------------
 
@@ -332,6 +334,8 @@ class SmolvmBackend:
 
     #: The surface of the machines this backend boots (snapshot builds are of it).
     surface = Surface.TERMINAL
+    #: The format of the file :meth:`_backing` returns.
+    backing_format = "raw"
 
     def _snapshot_shape(self, memory_mb: int, vcpus: int) -> tuple[list[str], dict[str, Any]]:
         """The argv of this shape with placeholders for per-rig paths, and the assets' identity."""
@@ -349,7 +353,7 @@ class SmolvmBackend:
 
     async def _backing(self, progress: Callable[[str], None]) -> tuple[Path, str]:
         """The file every rig's overlay is backed by, and its format."""
-        return await self.pack(progress), "raw"
+        return await self.pack(progress), self.backing_format
 
     def _warm_eligible(self, spec: MachineSpec) -> bool:
         """Whether a rig of this spec may start from (and seed) a snapshot."""
@@ -408,9 +412,8 @@ class SmolvmBackend:
             try:
                 await trio.to_thread.run_sync(shutil.rmtree, rig_dir, True)
                 make_private_dir(rig_dir, identity)
-                _backing, fmt = await self._backing(_no_progress)
                 await _run_quiet(
-                    [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", fmt,
+                    [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", self.backing_format,
                      "-b", str(await trio.Path(rootfs).resolve()), str(disk)],
                     what="creating the snapshot disk",
                 )

@@ -338,6 +338,7 @@ async def _serve(
 
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.run)
+        await nursery.start(desktop.run)
         await nursery.start(rigs.run)
         if accel is not None:
             # Unpack the default image now, so the first rig.open does not wait for it.
