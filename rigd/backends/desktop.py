@@ -43,7 +43,6 @@ from typing import Any, TypeGuard
 import trio
 from PIL import Image
 
-from netgate.usermode import UserGate
 from rigd.backends.base import MachineSpec
 from rigd.backends.confine import UidPool
 from rigd.backends.desktop_argv import desktop_argv
@@ -202,7 +201,6 @@ class DesktopMachine(SmolvmMachine):
         self.proto = 0
         #: One input plan at a time: an agent's drag and a person's click never interleave.
         self.input_lock = trio.Lock()
-        self._left_down = False
 
     def argv(self, *, incoming: bool = False, tap_fd: int | None = None) -> list[str]:
         net = net_argv(self.config, self.rig_dir, tap_fd)
@@ -460,12 +458,10 @@ class DesktopMachine(SmolvmMachine):
 
     async def _do_left_mouse_down(self, _a: cv.ComputerLeftMouseDown) -> dict[str, Any]:
         await self.send_plan([[qin.button("left", True)]])
-        self._left_down = True
         return {"coordinate": list(self.pointer), "button": "left", "down": True}
 
     async def _do_left_mouse_up(self, _a: cv.ComputerLeftMouseUp) -> dict[str, Any]:
         await self.send_plan([[qin.button("left", False)]])
-        self._left_down = False
         return {"coordinate": list(self.pointer), "button": "left", "down": False}
 
     async def _do_left_click_drag(self, a: cv.ComputerLeftClickDrag) -> dict[str, Any]:
@@ -587,12 +583,6 @@ class DesktopMachine(SmolvmMachine):
         async with self.input_lock:
             written = await self._write_selection("clipboard", a.text)
         return {"selection": "clipboard", "bytes": written}
-
-    def network_info(self) -> dict[str, Any]:
-        info = super().network_info()
-        if isinstance(self.gateway, UserGate):
-            info["note"] = "user-mode networking"
-        return info
 
 
 _SHIFT_INSERT = KeyCombo(("Shift_L",), "Insert")

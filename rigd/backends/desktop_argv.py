@@ -32,10 +32,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rigd.backends.microvm_argv import AGENT_PORT_NAME, SANDBOX, host_tsc_khz, kernel_cmdline
+from rigd.backends.microvm_argv import (
+    AGENT_PORT_NAME,
+    SANDBOX,
+    check_machine,
+    esc,
+    host_tsc_khz,
+    kernel_cmdline,
+    machine_head,
+)
 from rigd.errors import RigdError
 
-_ACCELS = ("kvm", "hvf", "tcg")
 DISPLAYS = ("bochs", "virtio-gpu")
 INPUTS = ("virtio", "usb")
 #: The largest mode ``set_display`` may ask for (RIGS.md computer_use).
@@ -44,11 +51,6 @@ MAX_HEIGHT = 1600
 #: VRAM for bochs-display: 2560x1600x4 = 15.6 MiB, doubled for the driver's
 #: second buffer and rounded to the power of two QEMU wants.
 BOCHS_VGAMEM = "32M"
-
-
-def _esc(value: str | Path) -> str:
-    """Escape a value for QEMU's option syntax (a comma is doubled)."""
-    return str(value).replace(",", ",,")
 
 
 def display_device(display: str, width: int, height: int) -> str:
@@ -98,12 +100,7 @@ def desktop_argv(
     virtio-net NIC with the rig's ``mac``; ``sandbox_opts`` is the
     ``-sandbox`` value (user networking needs spawn).
     """
-    if accel not in _ACCELS:
-        raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
-    if not 256 <= memory_mb <= 1 << 20:
-        raise RigdError(f"memory_mb {memory_mb} is out of range (256..1048576)", field="memory_mb")
-    if not 1 <= vcpus <= 64:
-        raise RigdError(f"vcpus {vcpus} is out of range (1..64)", field="vcpus")
+    check_machine(accel=accel, memory_mb=memory_mb, vcpus=vcpus, min_memory_mb=256, mac=mac)
     if not 640 <= width <= MAX_WIDTH:
         raise RigdError(f"width {width} is out of range (640..{MAX_WIDTH})", field="width")
     if not 480 <= height <= MAX_HEIGHT:
@@ -118,24 +115,8 @@ def desktop_argv(
     khz = host_tsc_khz() if tsc_khz == -1 else tsc_khz
 
     argv = [
-        qemu,
-        "-name",
-        "rig,debug-threads=on",
-        "-M",
-        "q35,smbus=off,sata=off,usb=off,i8042=off,vmport=off",
-        "-accel",
-        accel,
-        "-cpu",
-        "max" if accel == "tcg" else "host",
-        "-m",
-        str(memory_mb),
-        "-smp",
-        str(vcpus),
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
+        *machine_head(qemu=qemu, machine="q35,smbus=off,sata=off,usb=off,i8042=off,vmport=off",
+                      accel=accel, memory_mb=memory_mb, vcpus=vcpus),
         "-rtc",
         "base=utc",
         "-kernel",
@@ -146,12 +127,12 @@ def desktop_argv(
         kernel_cmdline(tsc_khz=khz, extra=cmdline_extra, pci=True),
         # QMP
         "-chardev",
-        f"socket,id=qmp,path={_esc(qmp_socket)},server=on,wait=off",
+        f"socket,id=qmp,path={esc(qmp_socket)},server=on,wait=off",
         "-mon",
         "chardev=qmp,mode=control",
         # Serial console (ttyS0): boot markers, RIGD-AGENT-READY
         "-chardev",
-        f"socket,id=console,path={_esc(console_socket)},server=on,wait=off",
+        f"socket,id=console,path={esc(console_socket)},server=on,wait=off",
         "-serial",
         "chardev:console",
         # The display at the boot size
@@ -165,12 +146,12 @@ def desktop_argv(
     argv += [
         # The rig's disk: a thin qcow2 overlay of the image, vda
         "-drive",
-        f"id=root,file={_esc(disk_overlay)},format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+        f"id=root,file={esc(disk_overlay)},format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
         "-device",
         "virtio-blk-pci,drive=root",
         # Guest agent channel
         "-chardev",
-        f"socket,id=agent,path={_esc(agent_socket)},server=on,wait=off",
+        f"socket,id=agent,path={esc(agent_socket)},server=on,wait=off",
         "-device",
         "virtio-serial-pci,max_ports=2",
         "-device",

@@ -68,9 +68,35 @@ def host_tsc_khz() -> int | None:
     return None
 
 
-def _esc(value: str | Path) -> str:
+def esc(value: str | Path) -> str:
     """Escape a value for QEMU's option syntax (a comma is doubled)."""
     return str(value).replace(",", ",,")
+
+
+def check_machine(*, accel: str, memory_mb: int, vcpus: int, min_memory_mb: int,
+                  mac: str | None = None) -> None:
+    """The checks every rig machine's argv makes (errors name the argument)."""
+    if accel not in _ACCELS:
+        raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
+    if not min_memory_mb <= memory_mb <= 1 << 20:
+        raise RigdError(f"memory_mb {memory_mb} is out of range ({min_memory_mb}..1048576)",
+                        field="memory_mb")
+    if not 1 <= vcpus <= 64:
+        raise RigdError(f"vcpus {vcpus} is out of range (1..64)", field="vcpus")
+    if mac is not None and not _MAC.match(mac):
+        raise RigdError(f"mac {mac!r} is not six lower-case hex pairs", field="mac")
+    if mac is not None and int(mac[:2], 16) & 1:
+        raise RigdError(f"mac {mac!r} is a multicast address", field="mac")
+
+
+def machine_head(*, qemu: str, machine: str, accel: str, memory_mb: int, vcpus: int) -> list[str]:
+    """The start every rig machine's argv shares: the machine, CPU, memory,
+    and nothing QEMU would add by default (no devices, no display, no reboot)."""
+    return [
+        qemu, "-name", "rig,debug-threads=on", "-M", machine, "-accel", accel,
+        "-cpu", "max" if accel == "tcg" else "host", "-m", str(memory_mb), "-smp", str(vcpus),
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+    ]
 
 
 def kernel_cmdline(*, tsc_khz: int | None, extra: Sequence[str] = (), pci: bool = False) -> str:
@@ -129,18 +155,9 @@ def microvm_argv(
     or user-mode networking). ``sandbox_opts`` is the ``-sandbox`` value
     (user-mode networking needs spawn allowed: :mod:`netgate.usermode`).
     """
-    if accel not in _ACCELS:
-        raise RigdError(f"accel {accel!r} is not one of {', '.join(_ACCELS)}", field="accel")
     if machine not in _MACHINES:
         raise RigdError(f"machine {machine!r} is not one of {', '.join(_MACHINES)}", field="machine")
-    if not 64 <= memory_mb <= 1 << 20:
-        raise RigdError(f"memory_mb {memory_mb} is out of range (64..1048576)", field="memory_mb")
-    if not 1 <= vcpus <= 64:
-        raise RigdError(f"vcpus {vcpus} is out of range (1..64)", field="vcpus")
-    if mac is not None and not _MAC.match(mac):
-        raise RigdError(f"mac {mac!r} is not six lower-case hex pairs", field="mac")
-    if mac is not None and int(mac[:2], 16) & 1:
-        raise RigdError(f"mac {mac!r} is a multicast address", field="mac")
+    check_machine(accel=accel, memory_mb=memory_mb, vcpus=vcpus, min_memory_mb=64, mac=mac)
     if nic_netdev is not None and mac is None:
         raise RigdError("a NIC needs the rig's mac", field="mac")
     if incoming is not None and incoming != "defer":
@@ -157,24 +174,7 @@ def microvm_argv(
         bus = "pci"
 
     argv = [
-        qemu,
-        "-name",
-        "rig,debug-threads=on",
-        "-M",
-        mach,
-        "-accel",
-        accel,
-        "-cpu",
-        "max" if accel == "tcg" else "host",
-        "-m",
-        str(memory_mb),
-        "-smp",
-        str(vcpus),
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
+        *machine_head(qemu=qemu, machine=mach, accel=accel, memory_mb=memory_mb, vcpus=vcpus),
         "-kernel",
         str(kernel),
         "-initrd",
@@ -183,26 +183,26 @@ def microvm_argv(
         kernel_cmdline(tsc_khz=khz, extra=cmdline_extra, pci=not micro),
         # QMP
         "-chardev",
-        f"socket,id=qmp,path={_esc(qmp_socket)},server=on,wait=off",
+        f"socket,id=qmp,path={esc(qmp_socket)},server=on,wait=off",
         "-mon",
         "chardev=qmp,mode=control",
         # Serial console (ttyS0)
         "-chardev",
-        f"socket,id=console,path={_esc(console_socket)},server=on,wait=off",
+        f"socket,id=console,path={esc(console_socket)},server=on,wait=off",
         "-serial",
         "chardev:console",
         # Disks: the order makes them vda (root) and vdb (tools).
         "-drive",
-        f"id=root,file={_esc(root_disk)},format=qcow2,if=none,discard=unmap",
+        f"id=root,file={esc(root_disk)},format=qcow2,if=none,discard=unmap",
         "-device",
         f"virtio-blk-{bus},drive=root",
         "-drive",
-        f"id=tools,file={_esc(tools_disk)},format=raw,if=none,readonly=on",
+        f"id=tools,file={esc(tools_disk)},format=raw,if=none,readonly=on",
         "-device",
         f"virtio-blk-{bus},drive=tools",
         # Guest agent channel
         "-chardev",
-        f"socket,id=agent,path={_esc(agent_socket)},server=on,wait=off",
+        f"socket,id=agent,path={esc(agent_socket)},server=on,wait=off",
         "-device",
         f"virtio-serial-{bus},max_ports=2",
         "-device",
@@ -218,7 +218,7 @@ def microvm_argv(
         # the caller's: a tap is made by the egress gateway (netgate), never by QEMU.
         argv += ["-netdev", netdev]
     if nic_netdev is not None:
-        argv += ["-device", f"virtio-net-{bus},netdev={_esc(nic_netdev)},mac={mac}"]
+        argv += ["-device", f"virtio-net-{bus},netdev={esc(nic_netdev)},mac={mac}"]
     if incoming is not None:
         argv += ["-incoming", incoming]
     if sandbox:

@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 
+from rigd.backends.desktop_argv import desktop_argv
 from rigd.cli import Client, ClientError
+from rigd.images.desktop import DesktopImage
 
 REPO = Path(__file__).resolve().parents[2]
 #: Packs are expensive (the image unpacked into an ext4 file); tests share one
@@ -93,6 +95,23 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.proc.returncode
+
+
+def raw_desktop_argv(image: DesktopImage, run_dir: Path) -> list[str]:
+    """A thin overlay of the desktop image in ``run_dir`` and the argv of a
+    plain TCG machine booting it (sockets in ``run_dir``), without a server."""
+    overlay = run_dir / "disk.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image.disk), str(overlay)],
+        check=True,
+    )
+    return desktop_argv(
+        qemu="qemu-system-x86_64", accel="tcg", memory_mb=2048, vcpus=2, disk_overlay=overlay,
+        kernel=image.kernel, initrd=image.initrd, cmdline_extra=image.cmdline,
+        qmp_socket=run_dir / "qmp.sock", agent_socket=run_dir / "agent.sock",
+        console_socket=run_dir / "console.sock", width=image.manifest.width,
+        height=image.manifest.height,
+    )
 
 
 def make_data_dir() -> Path:

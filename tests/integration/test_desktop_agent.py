@@ -36,18 +36,17 @@ import pytest
 import trio
 from PIL import Image
 
-from rigd.backends.desktop_argv import desktop_argv
 from rigd.backends.guest_client import GuestConnection
 from rigd.errors import GuestError
 from rigd.images.desktop import DesktopImage, build_desktop
 from rigd.protocols.guest import Stream
+from tests.integration.conftest import raw_desktop_argv
 
 pytestmark = [
     pytest.mark.vm,
     pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU"),
 ]
 
-QEMU = "qemu-system-x86_64"
 #: Cold desktop boots under TCG: agent ready in 6-17 s, X in 25-60 s on a
 #: shared 2-core host (docs/images.md); the deadlines only bound a hung boot.
 AGENT_DEADLINE = 300.0
@@ -155,26 +154,7 @@ def image() -> DesktopImage:
 
 @pytest.mark.timeout(1800)  # a cold image build may be part of the first run
 async def test_desktop_agent_speaks_protocol_2(image: DesktopImage, tmp_path: Path) -> None:
-    overlay = tmp_path / "disk.qcow2"
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image.disk), str(overlay)],
-        check=True,
-    )
-    argv = desktop_argv(
-        qemu=QEMU,
-        accel="tcg",
-        memory_mb=2048,
-        vcpus=2,
-        disk_overlay=overlay,
-        kernel=image.kernel,
-        initrd=image.initrd,
-        cmdline_extra=image.cmdline,
-        qmp_socket=tmp_path / "qmp.sock",
-        agent_socket=tmp_path / "agent.sock",
-        console_socket=tmp_path / "console.sock",
-        width=image.manifest.width,
-        height=image.manifest.height,
-    )
+    argv = raw_desktop_argv(image, tmp_path)
     console = bytearray()
     timings = Timings()
     with (tmp_path / "qemu.stderr").open("wb") as err:

@@ -22,15 +22,14 @@ from typing import Any
 
 import pytest
 
-from rigd.backends.desktop_argv import desktop_argv
 from rigd.images.desktop import DesktopImage, build_desktop
+from tests.integration.conftest import raw_desktop_argv
 
 pytestmark = [
     pytest.mark.vm,
     pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU"),
 ]
 
-QEMU = "qemu-system-x86_64"
 READY = b"RIGD-AGENT-READY"
 # Cold desktop boots under TCG took 25-90 s on a 2-core host shared with other
 # work (HOST-NOTES); be generous, the deadline only bounds a hung boot.
@@ -125,26 +124,7 @@ def image() -> DesktopImage:
 
 @pytest.fixture
 def desktop_vm(image: DesktopImage, tmp_path: Path) -> Iterator[Vm]:
-    overlay = tmp_path / "disk.qcow2"
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image.disk), str(overlay)],
-        check=True,
-    )
-    argv = desktop_argv(
-        qemu=QEMU,
-        accel="tcg",
-        memory_mb=2048,
-        vcpus=2,
-        disk_overlay=overlay,
-        kernel=image.kernel,
-        initrd=image.initrd,
-        cmdline_extra=image.cmdline,
-        qmp_socket=tmp_path / "qmp.sock",
-        agent_socket=tmp_path / "agent.sock",
-        console_socket=tmp_path / "console.sock",
-        width=image.manifest.width,
-        height=image.manifest.height,
-    )
+    argv = raw_desktop_argv(image, tmp_path)
     with (tmp_path / "qemu.stderr").open("wb") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
     vm = Vm(proc, tmp_path, time.monotonic())
