@@ -46,6 +46,7 @@ from rigd.backends.base import ExecResult, Machine, MachineBackend, MachineSpec,
 from rigd.backends.procs import proc_alive
 from rigd.errors import BackendError, Conflict, FieldError, Forbidden, NotFound, RigdError
 from rigd.events import EventBus
+from rigd.failure import describe_failure, leaves
 from rigd.framing import untrusted_bytes
 from rigd.model import (
     ACCEL_OF,
@@ -123,6 +124,10 @@ class LiveRig:
     policy: Policy | None = None
     net_audit: trio.MemorySendChannel[Any] | None = None
     net_audit_dropped: int = 0
+    #: The rig's own nursery (net-audit writer, progress writes) while its task runs.
+    nursery: trio.Nursery | None = None
+    #: The console of the rig's last machine, for a failure after it is gone.
+    last_console: Callable[[int], str] | None = None
 
     @property
     def phase(self) -> Phase:
@@ -411,47 +416,68 @@ class RigManager:
     async def _rig_task(
         self, rig: LiveRig, backend: MachineBackend, *, task_status: trio.TaskStatus[None]
     ) -> None:
+        """Own one rig for its whole life: the failure boundary around it.
+
+        The rig's own tasks (the net-audit writer, progress writes) run in the
+        rig's nursery, never the manager's; the machine's tasks (pumps, readers)
+        run in the machine's. Whatever any of them raises — plain or grouped —
+        fails this rig (``failed``/``backendFailure``, the error and the console
+        tail in ``failure``) and goes no further: no other rig and not the server
+        sees it. Only cancellation (a close, the server's end) passes through.
+        """
         row = rig.row
-        network = None
-        if rig.policy is not None:
-            send, receive = trio.open_memory_channel[Any](NET_AUDIT_BUFFER)
-            rig.net_audit = send
-            assert self._nursery is not None
-            self._nursery.start_soon(self._net_audit_writer, rig, receive)
-            network = NetSpec(policy=rig.policy, audit=self._net_audit_sink(rig),
-                              workspace=row.workspace_id)
-        spec = MachineSpec(
-            rig_id=row.id, surface=Surface(row.surface), memory_mb=row.memory_mb,
-            vcpus=row.vcpus, network=network, accel=ACCEL_OF.get(Backend(row.backend)),
-            display=(row.display_w, row.display_h) if row.display_w and row.display_h else None,
-        )
-        progress = self._progress_for(rig)
         try:
-            with trio.CancelScope() as scope:
-                rig.scope = scope
-                task_status.started()
-                try:
-                    async with backend.open_machine(spec, progress) as machine:
-                        rig.machine = machine
-                        info = machine.info
-                        rig.info = {"confinement": dict(info.confinement), "boot": info.boot}
-                        await self._update(rig, pid=info.pid, pid_start_ticks=info.pid_start_ticks,
-                                           image=info.image, accel=info.accel.value)
-                        await self._transition(rig, Phase.READY, "ready")
-                        rig.settled.set()
-                        reason = await machine.wait_failed()
-                        await self._fail(rig, reason, machine.console_tail())
-                except RigdError as exc:
-                    console = exc.data.get("console") if isinstance(exc.data.get("console"), str) else None
-                    await self._fail(rig, exc.message, console)
-                except OSError as exc:
-                    await self._fail(rig, f"host error: {exc}", None)
+            try:
+                async with trio.open_nursery() as own:
+                    rig.nursery = own
+                    network = None
+                    if rig.policy is not None:
+                        send, receive = trio.open_memory_channel[Any](NET_AUDIT_BUFFER)
+                        rig.net_audit = send
+                        own.start_soon(self._net_audit_writer, rig, receive)
+                        network = NetSpec(policy=rig.policy, audit=self._net_audit_sink(rig),
+                                          workspace=row.workspace_id)
+                    spec = MachineSpec(
+                        rig_id=row.id, surface=Surface(row.surface), memory_mb=row.memory_mb,
+                        vcpus=row.vcpus, network=network, accel=ACCEL_OF.get(Backend(row.backend)),
+                        display=(row.display_w, row.display_h) if row.display_w and row.display_h else None,
+                    )
+                    with trio.CancelScope() as scope:
+                        rig.scope = scope
+                        task_status.started()
+                        await self._machine_life(rig, backend, spec)
+                    # The machine is gone: let the writer drain what the gateway said, then end.
+                    if rig.net_audit is not None:
+                        rig.net_audit.close()
+            except* Exception as group:
+                reason, console = describe_failure(group, rig.last_console)
+                if not any(isinstance(e, RigdError) for e in leaves(group)):
+                    log.error("a rig task failed", exc_info=group, extra={"rig": row.id})
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self._fail(rig, reason, console)
+                    except Exception:  # the store failed too: the rig still ends, the server stays
+                        log.exception("could not record a rig's failure", extra={"rig": row.id})
         finally:
             rig.machine = None
+            rig.nursery = None
             rig.settled.set()
             rig.finished.set()
             if rig.net_audit is not None:
                 rig.net_audit.close()
+
+    async def _machine_life(self, rig: LiveRig, backend: MachineBackend, spec: MachineSpec) -> None:
+        async with backend.open_machine(spec, self._progress_for(rig)) as machine:
+            rig.machine = machine
+            rig.last_console = machine.console_tail
+            info = machine.info
+            rig.info = {"confinement": dict(info.confinement), "boot": info.boot}
+            await self._update(rig, pid=info.pid, pid_start_ticks=info.pid_start_ticks,
+                               image=info.image, accel=info.accel.value)
+            await self._transition(rig, Phase.READY, "ready")
+            rig.settled.set()
+            reason = await machine.wait_failed()
+            await self._fail(rig, reason, machine.console_tail())
 
     # -- the gateway's decisions, into the rig's audit log ------------------------------
 
@@ -523,8 +549,8 @@ class RigManager:
         def apply(detail: str) -> None:
             if rig.phase is Phase.PROVISIONING:
                 rig.row.phase_detail = detail
-                if self._nursery is not None:
-                    self._nursery.start_soon(self._persist_detail, rig, detail)
+                if rig.nursery is not None:  # the rig's own task: its failure is the rig's
+                    rig.nursery.start_soon(self._persist_detail, rig, detail)
 
         def progress(detail: str) -> None:
             try:
@@ -748,6 +774,10 @@ class RigManager:
             except BackendError as exc:
                 log.warning("could not park", extra={"rig": rig.row.id, "error": exc.message})
                 return False
+            except Exception as exc:  # a bug in the machine fails its rig, never the reaper
+                log.error("parking failed", exc_info=exc, extra={"rig": rig.row.id})
+                await self._fail(rig, *describe_failure(exc, rig.last_console))
+                return False
             await self._transition(rig, Phase.PARKED, why)
             return True
 
@@ -782,6 +812,8 @@ class RigManager:
                 await self.reap_once()
             except RigdError as exc:
                 log.warning("reaper step failed", extra={"error": exc.message})
+            except Exception:  # one bad step must not end reaping (nor the server)
+                log.exception("reaper step failed")
 
     async def reap_once(self) -> None:
         """One scheduling step: lapse leases, then park and close what is due."""

@@ -29,6 +29,15 @@ class FakeMachine:
     policy: Any = None
     #: What ``perform`` answers per verb (default: ``{"performed": verb}``).
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Set to make the machine's faulty pump raise (see ``FakeBackend.fault``).
+    fault_now: trio.Event = field(default_factory=trio.Event)
+
+    async def _faulty_pump(self, kind: str) -> None:
+        """A machine task with a bug: raises once ``fault_now`` is set."""
+        await self.fault_now.wait()
+        if kind == "pump-group":
+            raise ExceptionGroup("pumps", [ValueError("fake pump broke"), KeyError("fake reader")])
+        raise ValueError("fake pump broke")
 
     async def exec(
         self,
@@ -93,6 +102,10 @@ class FakeBackend:
         self.machines: list[FakeMachine] = []
         self.fail_boot: str | None = None
         self.boot_gate: trio.Event | None = None
+        #: Fault injection: ``"pump"`` / ``"pump-group"`` (a machine task raises, plain or
+        #: grouped, once the machine's ``fault_now`` is set), ``"restore"`` (a bug while the
+        #: machine comes up, as a snapshot restore could have).
+        self.fault: str | None = None
 
     @asynccontextmanager
     async def open_machine(
@@ -107,9 +120,15 @@ class FakeBackend:
             raise BackendError(self.fail_boot, console="fake console: boot failed")
         info = MachineInfo(Backend.SMOLVM, Accel.TCG, pid=None, pid_start_ticks=None,
                            image="sha256:fake", security_boundary=False)
+        if self.fault == "restore":
+            raise LookupError("fake restore bug")
         machine = FakeMachine(spec, info, policy=spec.network.policy if spec.network else None)
         self.machines.append(machine)
-        try:
-            yield machine
-        finally:
-            machine.closed = True
+        async with trio.open_nursery() as nursery:  # the machine's own tasks
+            if self.fault in ("pump", "pump-group"):
+                nursery.start_soon(machine._faulty_pump, self.fault)
+            try:
+                yield machine
+            finally:
+                machine.closed = True
+                nursery.cancel_scope.cancel()
