@@ -46,9 +46,8 @@ if str(REPO) not in sys.path:
 
 from rigd.backends.base import MachineSpec  # noqa: E402
 from rigd.backends.confine import make_shared_dir  # noqa: E402
-from rigd.backends.desktop import DesktopBackend, DesktopMachine  # noqa: E402
-from rigd.backends.smolvm import SmolvmConfig  # noqa: E402
-from rigd.images import find_assets  # noqa: E402
+from rigd.backends.desktop import DesktopDriver, desktop_backend  # noqa: E402
+from rigd.backends.qemu import QemuConfig, QemuMachine  # noqa: E402
 from rigd.images.cache import sha256_file  # noqa: E402
 from rigd.images.desktop import find_desktop  # noqa: E402
 from rigd.images.importer import import_image  # noqa: E402
@@ -95,7 +94,7 @@ def _ms(values: list[float]) -> str:
     return f"median {med:7.1f} ms (min {low:.1f}, n={len(values)})"
 
 
-async def bench_screenshot(m: DesktopMachine, rounds: int) -> tuple[float, float]:
+async def bench_screenshot(m: QemuMachine, rounds: int) -> tuple[float, float]:
     agent: list[float] = []
     peer: list[float] = []
     assert m.qmp is not None
@@ -116,7 +115,8 @@ async def bench_screenshot(m: DesktopMachine, rounds: int) -> tuple[float, float
     fallback: list[float] = []
     for _ in range(max(3, rounds // 2)):
         t0 = time.perf_counter()
-        await m._qmp_still(1280, 800, "jpeg", 75)
+        assert isinstance(m.driver, DesktopDriver)
+        await m.driver._qmp_still(1280, 800, "jpeg", 75)
         fallback.append(time.perf_counter() - t0)
     print(f"(1) screenshot, agent lane (JPEG 1280x800, cursor marked): {_ms(agent)}")
     print(f"    peer: QMP screendump (PNG file, read by the host):       {_ms(peer)}")
@@ -124,7 +124,7 @@ async def bench_screenshot(m: DesktopMachine, rounds: int) -> tuple[float, float
     return statistics.median(agent), statistics.median(peer)
 
 
-async def bench_input(m: DesktopMachine, rounds: int) -> tuple[float, float]:
+async def bench_input(m: QemuMachine, rounds: int) -> tuple[float, float]:
     guest = m.guest
     assert guest is not None
     lines: trio.MemorySendChannel[float]
@@ -158,7 +158,7 @@ async def bench_input(m: DesktopMachine, rounds: int) -> tuple[float, float]:
             for side in (("qmp", "xdotool") if i % 2 == 0 else ("xdotool", "qmp")):
                 t0 = time.perf_counter()
                 if side == "qmp":
-                    await m.send_plan([press, release])
+                    await m.send_input([press, release])
                 else:
                     nursery.start_soon(
                         lambda: m.exec(["xdotool", "key", "x"], cwd=None, env=SESSION, stdin=None,
@@ -176,7 +176,7 @@ async def bench_input(m: DesktopMachine, rounds: int) -> tuple[float, float]:
     return statistics.median(qmp_times), statistics.median(xdo_times)
 
 
-async def bench_live(m: DesktopMachine, seconds: float) -> float:
+async def bench_live(m: QemuMachine, seconds: float) -> float:
     mover = (
         "xfce4-terminal --disable-server --geometry 60x15+0+100 --title rigd-bench-move & "
         "sleep 4; w=$(xdotool search --name rigd-bench-move | head -1); "
@@ -217,13 +217,13 @@ async def main(args: argparse.Namespace) -> int:
         imported = import_image(image.manifest_path, sha256_file(image.manifest_path), data_dir)
         print(f"image imported in {time.monotonic() - t0:.1f} s ({imported.dir.name[:20]}…)")
         accel = Accel(args.accel)
-        config = SmolvmConfig(data_dir=data_dir, accel=accel, assets=find_assets(), warm_starts=False)
-        backend = DesktopBackend(config, image=lambda _p: imported)
+        config = QemuConfig(data_dir=data_dir, accel=accel, warm_starts=False)
+        backend = desktop_backend(config, lambda _p: imported)
         spec = MachineSpec(rig_id="rig_bench_computer", surface=Surface.COMPUTER,
                            memory_mb=args.memory_mb, vcpus=args.vcpus, accel=accel)
         t0 = time.monotonic()
         async with backend.open_machine(spec, lambda step: print(f"  {step}")) as machine:
-            assert isinstance(machine, DesktopMachine)
+            assert isinstance(machine.driver, DesktopDriver)
             print(f"desktop ready in {time.monotonic() - t0:.1f} s (accel {accel}, {args.vcpus} vCPUs, "
                   f"{args.memory_mb} MB)")
             ours, peer = await bench_screenshot(machine, args.rounds)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from rigd.errors import FieldError
 from rigd.model import BUILT_SURFACES, LIMITS, Backend, Display, Engine, Surface
@@ -39,6 +39,16 @@ def no_extra(params: dict[str, Any], allowed: set[str], prefix: str = "") -> Non
         raise FieldError(prefix + extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
 
 
+@overload
+def string(params: dict[str, Any], name: str, *, required: Literal[True] = True, max_len: int = 256,
+           field: str | None = None) -> str: ...
+
+
+@overload
+def string(params: dict[str, Any], name: str, *, required: bool, max_len: int = 256,
+           field: str | None = None) -> str | None: ...
+
+
 def string(params: dict[str, Any], name: str, *, required: bool = True, max_len: int = 256,
            field: str | None = None) -> str | None:
     field = field or name
@@ -50,6 +60,14 @@ def string(params: dict[str, Any], name: str, *, required: bool = True, max_len:
     if not isinstance(value, str) or not value or len(value) > max_len:
         raise FieldError(field, f"must be a non-empty string of at most {max_len} characters")
     return value
+
+
+@overload
+def ident(params: dict[str, Any], name: str, *, required: Literal[True] = True) -> str: ...
+
+
+@overload
+def ident(params: dict[str, Any], name: str, *, required: bool) -> str | None: ...
 
 
 def ident(params: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -95,6 +113,8 @@ class OpenParams:
     egress_allow: tuple[str, ...]
     egress_defaults: bool
     wait: bool
+    #: Whether the caller named the backend (else the server's accelerator chooses).
+    backend_named: bool = False
 
 
 OPEN_FIELDS = {
@@ -107,7 +127,6 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
     params = obj(raw)
     no_extra(params, OPEN_FIELDS)
     workspace = string(params, "workspace", max_len=128)
-    assert workspace is not None
     surface_raw = params.get("surface")
     surfaces = ", ".join(s.value for s in Surface)
     if not isinstance(surface_raw, str) or surface_raw not in Surface.__members__.values():
@@ -170,5 +189,124 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
         workspace=workspace, surface=surface, conversation=conversation, engine=engine,
         backend=backend, display=display, memory_mb=memory_mb, vcpus=vcpus, ttl_s=ttl_s,
         idle_s=idle_s, egress_allow=allow, egress_defaults=defaults,
-        wait=boolean(params, "wait", True),
+        wait=boolean(params, "wait", True), backend_named=params.get("backend") is not None,
     )
+
+
+# -- the rig methods' parameters (API.md), parsed at the server edge ----------------
+
+
+@dataclass(frozen=True, slots=True)
+class RigRef:
+    """``{rigId}``: rig.get, rig.close, rig.watch, rig.park, rig.retry."""
+
+    rig_id: str
+
+
+def parse_rig_ref(raw: object) -> RigRef:
+    params = obj(raw)
+    no_extra(params, {"rigId"})
+    return RigRef(ident(params, "rigId"))
+
+
+@dataclass(frozen=True, slots=True)
+class ListParams:
+    workspace: str
+    include_closed: bool
+
+
+def parse_list(raw: object) -> ListParams:
+    params = obj(raw)
+    no_extra(params, {"workspace", "includeClosed"})
+    return ListParams(string(params, "workspace", max_len=128), boolean(params, "includeClosed", False))
+
+
+@dataclass(frozen=True, slots=True)
+class ActParams:
+    """``rig.act``: the tool and action stay raw here, because the audit row records
+    even a malformed call, and an action is parsed against the rig's display."""
+
+    rig_id: str
+    tool: object
+    action: object
+
+
+def parse_act(raw: object) -> ActParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "tool", "action"})
+    return ActParams(ident(params, "rigId"), params.get("tool"), params.get("action"))
+
+
+@dataclass(frozen=True, slots=True)
+class EgressParams:
+    rig_id: str
+    allow: tuple[str, ...]
+    defaults: bool
+
+
+def parse_egress(raw: object) -> EgressParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "allow", "defaults"})
+    rig_id = ident(params, "rigId")
+    allow = params.get("allow", [])
+    if not isinstance(allow, list) or not all(isinstance(h, str) for h in allow):
+        raise FieldError("allow", "must be a list of host names")
+    return EgressParams(rig_id, tuple(allow), boolean(params, "defaults", True))
+
+
+@dataclass(frozen=True, slots=True)
+class ControlParams:
+    rig_id: str
+    op: Literal["take", "release"]
+
+
+def parse_control(raw: object) -> ControlParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "op"})
+    rig_id = ident(params, "rigId")
+    op = params.get("op")
+    if op == "take":
+        return ControlParams(rig_id, "take")
+    if op == "release":
+        return ControlParams(rig_id, "release")
+    raise FieldError("op", "must be 'take' or 'release'")
+
+
+@dataclass(frozen=True, slots=True)
+class LogParams:
+    rig_id: str
+    after_seq: int
+
+
+def parse_log(raw: object) -> LogParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "afterSeq"})
+    rig_id = ident(params, "rigId")
+    after = params.get("afterSeq", 0)
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise FieldError("afterSeq", "must be a non-negative integer")
+    return LogParams(rig_id, after)
+
+
+@dataclass(frozen=True, slots=True)
+class EventsParams:
+    workspace: str
+    after_id: int
+
+
+def parse_events(raw: object) -> EventsParams:
+    params = obj(raw)
+    no_extra(params, {"workspace", "afterId"})
+    return EventsParams(string(params, "workspace", max_len=128), integer(params, "afterId", 0, 2**62, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationParams:
+    workspace: str
+    conversation: str
+
+
+def parse_conversation(raw: object) -> ConversationParams:
+    params = obj(raw)
+    no_extra(params, {"workspace", "conversation"})
+    return ConversationParams(string(params, "workspace", max_len=128), ident(params, "conversation"))

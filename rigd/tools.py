@@ -17,7 +17,8 @@ from rigd.errors import FieldError, RigdError
 from rigd.framing import UNTRUSTED_NOTE, frame_text
 from rigd.model import TOOL_ACTION_CLASSES, Surface, Tool
 from rigd.params import ident, no_extra, obj, string
-from rigd.rigs import Caller, RigManager
+from rigd.rig_api import RigApi
+from rigd.rigs import Caller
 from rigd.verbs import ParseContext, TerminalExec, parse_action
 from rigd.verbs.computer import VERBS as COMPUTER_VERBS
 
@@ -135,8 +136,9 @@ def text_result(text: str, *, error: bool = False, **extra: Any) -> dict[str, An
 
 
 class Tools:
-    def __init__(self, rigs: RigManager) -> None:
-        self.rigs = rigs
+    def __init__(self, api: RigApi) -> None:
+        self.api = api
+        self.rigs = api.rigs
 
     async def list(self, caller: Caller, raw: object) -> dict[str, Any]:
         no_extra(obj(raw), set())
@@ -148,7 +150,6 @@ class Tools:
         workspace = string(params, "workspace", max_len=128)
         conversation = ident(params, "conversation")
         name = string(params, "name", max_len=64)
-        assert workspace is not None and conversation is not None and name is not None
         arguments = params.get("arguments", {})
         try:
             if isinstance(arguments, str):
@@ -171,7 +172,7 @@ class Tools:
 
     async def _rig_list(self, caller: Caller, workspace: str, args: dict[str, Any]) -> dict[str, Any]:
         no_extra(args, set(), "arguments.")
-        rigs = await self.rigs.list_rigs(caller, {"workspace": workspace})
+        rigs = await self.api.call("rig.list", caller, {"workspace": workspace})
         if not rigs:
             return text_result("No open rigs in this workspace.")
         lines = []
@@ -185,7 +186,7 @@ class Tools:
 
     async def _rig_close(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         no_extra(args, {"rigId"}, "arguments.")
-        rig = await self.rigs.close(caller, {"rigId": args.get("rigId")})
+        rig = await self.api.call("rig.close", caller, {"rigId": args.get("rigId")})
         return text_result(f"Closed {rig['id']}.", rigId=rig["id"])
 
     async def _terminal_use(
@@ -196,11 +197,11 @@ class Tools:
         if isinstance(parsed, FieldError):
             raise parsed
         assert isinstance(parsed, TerminalExec)
-        rig = await self.rigs.open(
-            caller, {"workspace": workspace, "surface": "terminal", "conversation": conversation}
+        rig = await self.api.call(
+            "rig.open", caller, {"workspace": workspace, "surface": "terminal", "conversation": conversation}
         )
-        result = await self.rigs.act(
-            caller, {"rigId": rig["id"], "tool": Tool.TERMINAL_USE.value, "action": args}
+        result = await self.api.call(
+            "rig.act", caller, {"rigId": rig["id"], "tool": Tool.TERMINAL_USE.value, "action": args}
         )
         return text_result(render_exec(result), rigId=rig["id"])
 
@@ -212,22 +213,22 @@ class Tools:
         rig_id = action.pop("rigId", None)
         if rig_id is None:
             # The conversation's computer, else a new one (opened and waited for).
-            live = [r for r in await self.rigs.list_rigs(caller, {"workspace": workspace})
+            live = [r for r in await self.api.call("rig.list", caller, {"workspace": workspace})
                     if r["surface"] == Surface.COMPUTER and r["conversation"] == conversation
                     and r["phase"] in ("provisioning", "booting", "ready", "parked")]
             if live:
                 rig_id = live[0]["id"]
                 await self.rigs.wait_settled(caller, rig_id)
             else:
-                rig = await self.rigs.open(caller, {"workspace": workspace, "surface": "computer",
+                rig = await self.api.call("rig.open", caller, {"workspace": workspace, "surface": "computer",
                                                     "conversation": conversation})
                 rig_id = rig["id"]
         elif not isinstance(rig_id, str):
             raise FieldError("arguments.rigId", "must be a rig id")
         else:
             await self.rigs.wait_settled(caller, rig_id)
-        result = await self.rigs.act(
-            caller, {"rigId": rig_id, "tool": Tool.COMPUTER_USE.value, "action": action}
+        result = await self.api.call(
+            "rig.act", caller, {"rigId": rig_id, "tool": Tool.COMPUTER_USE.value, "action": action}
         )
         return {**render_computer(str(action.get("action")), result), "rigId": rig_id}
 

@@ -13,9 +13,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from rigd.frames import Still
 from rigd.model import Accel, Backend, Surface
+
+if TYPE_CHECKING:
+    from netgate.policy import Policy
+    from netgate.proxy import AuditEvent
+    from rigd.protocols.input import Step
+    from rigd.verbs import Action
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +31,8 @@ class NetSpec:
     gateway's decisions go (a non-blocking callback), and its workspace (for
     the credential broker)."""
 
-    policy: Any
-    audit: Callable[[Any], None]
+    policy: Policy
+    audit: Callable[[AuditEvent], None]
     workspace: str
 
 
@@ -70,6 +77,18 @@ class MachineInfo:
     boot: str = "cold"
 
 
+class Frame(NamedTuple):
+    """One still of a machine's screen and where it came from."""
+
+    still: Still
+    #: "agent" (the in-guest grab) or "qmp" (QMP screendump, scaled on the host).
+    source: str
+    #: The pointer in display pixels, when the source knows it.
+    cursor: tuple[int, int] | None
+    #: Whether the pointer is drawn into the image.
+    cursor_marked: bool
+
+
 class PtySession(Protocol):
     """An interactive terminal inside the machine."""
 
@@ -107,15 +126,30 @@ class Machine(Protocol):
 
     def console_tail(self, max_bytes: int = 4096) -> str: ...
 
-    async def perform(self, action: Any) -> dict[str, Any]:
-        """Run a verb other than ``exec`` (typed action from :mod:`rigd.verbs`)."""
+    async def perform(self, action: Action) -> dict[str, Any]:
+        """Run a verb other than ``exec`` (typed action from :mod:`rigd.verbs`); a verb
+        the machine's surface does not answer is a field error naming ``action.action``."""
+        ...
+
+    @property
+    def display(self) -> tuple[int, int] | None:
+        """The screen's current mode in pixels; None for a machine without a screen."""
+        ...
+
+    async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
+                    mark_cursor: bool = True) -> Frame:
+        """A still of the screen fitted into ``max_w``x``max_h`` (a field error without a screen)."""
+        ...
+
+    async def send_input(self, steps: Sequence[Step]) -> None:
+        """Send an input plan (:mod:`rigd.protocols.input`) through the hypervisor."""
         ...
 
     async def park(self) -> None:
         """Stop the vCPUs; memory stays resident."""
         ...
 
-    def set_egress(self, policy: Any) -> None:
+    def set_egress(self, policy: Policy) -> None:
         """Replace the live allowlist (``netgate.policy.Policy``); in force at once."""
         ...
 

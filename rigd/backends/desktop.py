@@ -4,9 +4,8 @@ A computer rig boots a thin qcow2 overlay (``<dataDir>/rigs/run/<rigId>.qcow2``)
 of an imported desktop image (``<dataDir>/rigs/images/sha256-<hex>/``) with the
 image's own kernel and our initramfs (:mod:`rigd.backends.desktop_argv`). The
 machine is the terminal rig's machine in every other respect — confinement,
-per-rig uid, QMP, console, agent channel, egress gateway, teardown — so
-:class:`DesktopMachine` extends :class:`rigd.backends.smolvm.SmolvmMachine`
-with what a desktop adds:
+per-rig uid, QMP, console, agent channel, egress gateway, teardown; what a
+desktop adds:
 
 - **Input through the hypervisor.** Every mouse and keyboard event is a QMP
   ``input-send-event`` to the virtio tablet and keyboard; the plans come from
@@ -22,6 +21,12 @@ with what a desktop adds:
 - Modes (``set_display``, xrandr in the guest), selections (read and write)
   and the pointer position come from the agent.
 
+The machine is :class:`rigd.backends.qemu.QemuMachine`, as for every QEMU
+surface; this module is the desktop's :class:`DesktopRecipe` (the q35 argv
+over an imported image) and its :class:`DesktopDriver` (readiness, verbs,
+frames, input). A recipe is bound to the image its open found, so a newer
+import never swaps the image under a rig or its snapshot build.
+
 Phases while a rig comes up: ``creating disk overlay``, ``booting kernel``,
 ``waiting for the guest agent``, ``waiting for the desktop`` (until the X
 server answers the agent, a window manager has claimed the screen and the
@@ -32,28 +37,24 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import contextvars
-import dataclasses
 import io
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import trio
 from PIL import Image
 
-from rigd.backends.base import MachineSpec
+from rigd.backends.base import Frame, MachineSpec
 from rigd.backends.confine import UidPool
 from rigd.backends.desktop_argv import desktop_argv
-from rigd.backends.smolvm import (
-    SmolvmBackend,
-    SmolvmConfig,
-    SmolvmMachine,
-    net_argv,
-    timeouts_for,
-)
-from rigd.backends.snapshot import Snapshot, rig_mac
+from rigd.backends.gates import net_argv
+from rigd.backends.host import QemuBackend
+from rigd.backends.layout import Layout
+from rigd.backends.qemu import QemuConfig
+from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
+from rigd.backends.warm import SnapshotService
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
 from rigd.frames import Still, encode_still
 from rigd.framing import untrusted_bytes
@@ -63,6 +64,10 @@ from rigd.protocols import input as qin
 from rigd.protocols.guest import PROTO_DESKTOP, Stream
 from rigd.verbs import computer as cv
 from rigd.verbs.keys import KeyCombo
+
+if TYPE_CHECKING:
+    from rigd.backends.qemu import QemuMachine
+    from rigd.verbs import Action
 
 #: Under TCG a cold desktop needs 25-90 s to reach the agent and about a minute
 #: more to draw XFCE on a loaded 2-core host (HOST-NOTES); the deadline only
@@ -89,160 +94,152 @@ CLIP_PART_CHARS = 16_384
 PASTE_SETTLE_S = 0.3
 
 
+@dataclass(frozen=True, slots=True)
+class DesktopRecipe:
+    """Computer machines booting one imported desktop image."""
 
-class DesktopBackend(SmolvmBackend):
-    """Computer rigs; one instance serves all three ``qemu-*`` backends
-    (the spec's ``accel`` says which)."""
+    config: QemuConfig
+    image: ImportedImage
+    surface: Surface = Surface.COMPUTER
+    backing_format: str = "qcow2"
 
-    name = Backend.QEMU_TCG
+    @property
+    def backing(self) -> Path:
+        return self.image.disk
 
-    def __init__(
-        self,
-        config: SmolvmConfig,
-        *,
-        image: Callable[[Callable[[str], None]], ImportedImage | None],
-        uids: UidPool | None = None,
-    ) -> None:
-        super().__init__(config, ensure_pack=_no_pack, uids=uids)
+    @property
+    def default_display(self) -> tuple[int, int]:
+        manifest = self.image.manifest
+        return manifest.width or 1280, manifest.height or 800
+
+    def _accel(self, spec: MachineSpec) -> Accel:
+        return spec.accel or self.config.accel
+
+    def identity(self, spec: MachineSpec) -> Identity:
+        accel = self._accel(spec)
+        return Identity(BACKEND_OF[accel], accel, f"sha256:{self.image.sha256}")
+
+    def boot_deadline_s(self, spec: MachineSpec) -> float:
+        return DESKTOP_BOOT_S.get(self._accel(spec), DESKTOP_BOOT_S_ACCEL)
+
+    def argv(self, spec: MachineSpec, at: RigPaths, *, mac: str | None, incoming: bool,
+             tap_fd: int | str | None, accel: Accel | None = None,
+             kernel: Path | None = None, initrd: Path | None = None) -> list[str]:
+        net = net_argv(self.config.network, at.rig_dir, tap_fd)
+        width, height = spec.display or self.default_display
+        return desktop_argv(
+            qemu=self.config.qemu, accel=str(accel or self._accel(spec)), memory_mb=spec.memory_mb,
+            vcpus=spec.vcpus, disk_overlay=at.overlay, kernel=kernel or self.image.kernel,
+            initrd=initrd or self.image.initrd,
+            cmdline_extra=[*self.image.manifest.cmdline, *net.get("cmdline_extra", [])],
+            qmp_socket=at.qmp, agent_socket=at.agent, console_socket=at.console,
+            width=width, height=height, incoming="defer" if incoming else None,
+            mac=mac if "netdev" in net else None, netdev=net.get("netdev"),
+            **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
+        )
+
+    def warm_eligible(self, spec: MachineSpec) -> bool:
+        """Warm starts for the usual shape: the server's accelerator, the image's boot mode."""
+        return (spec.accel in (None, self.config.accel)
+                and spec.display in (None, self.default_display))
+
+    def warm_shape(self, spec: MachineSpec) -> tuple[list[str], dict[str, Any]]:
+        usual = MachineSpec(rig_id=spec.rig_id, surface=spec.surface, memory_mb=spec.memory_mb,
+                            vcpus=spec.vcpus)
+        shape = self.argv(usual, PLACEHOLDER_PATHS, mac="02:00:00:00:00:00", incoming=False,
+                          tap_fd="@fd", accel=self.config.accel, kernel=Path("/@kernel"),
+                          initrd=Path("/@initrd"))
+        return shape, {
+            name: {"key": self.image.sha256, "file": path.name, "size": path.stat().st_size}
+            for name, path in (("kernel", self.image.kernel), ("initrd", self.image.initrd))
+        }
+
+    def driver(self, machine: QemuMachine) -> DesktopDriver:
+        return DesktopDriver(machine, spec_display=machine.spec.display or self.default_display)
+
+
+class DesktopImages:
+    """The recipe source of computer rigs: the newest imported desktop image
+    (the built one is imported on first use; see ``rigd.server.main``)."""
+
+    def __init__(self, config: QemuConfig,
+                 image: Callable[[Callable[[str], None]], ImportedImage | None]) -> None:
+        self.config = config
         self._image = image
-        self._image_lock = trio.Lock()
-        self.log = logging.getLogger("rigd.desktop")
+        self._lock = trio.Lock()
 
-    async def image(self, progress: Callable[[str], None]) -> ImportedImage:
-        """The desktop image rigs boot (imported on first use; see ``rigd.server.main``)."""
-        async with self._image_lock:
+    async def recipe(self, spec: MachineSpec, progress: Callable[[str], None]) -> DesktopRecipe:
+        async with self._lock:
             image = await trio.to_thread.run_sync(self._image, progress)
         if image is None:
             raise BackendError(
                 "no desktop image is imported on this server: build one (`make images-desktop`) "
                 "or import one (`rigd images import <path or URL> --sha256 <digest>`)"
             )
-        return image
-
-    async def warm_snapshot(self, memory_mb: int, vcpus: int) -> None:
-        return None  # the first cold boot of a shape schedules its snapshot
-
-    # -- the hooks of SmolvmBackend's open/warm-start path ------------------------------
-
-    surface = Surface.COMPUTER
-    backing_format = "qcow2"
-
-    @property
-    def _current(self) -> ImportedImage | None:
-        return _OPENING.get()
-
-    async def _backing(self, progress: Callable[[str], None]) -> tuple[Path, str]:
-        image = await self.image(progress)
-        # What this open (this Trio task, and the snapshot build it spawns) boots,
-        # even if another open meanwhile finds a newer import.
-        _OPENING.set(image)
-        return image.disk, self.backing_format
-
-    def _default_display(self, image: ImportedImage) -> tuple[int, int]:
-        return image.manifest.width or 1280, image.manifest.height or 800
-
-    def _warm_eligible(self, spec: MachineSpec) -> bool:
-        """Warm starts for the usual shape: the server's accelerator, the image's boot mode."""
-        image = self._current
-        return (self.config.warm_starts and image is not None
-                and spec.accel in (None, self.config.accel)
-                and spec.display in (None, self._default_display(image)))
-
-    def _snapshot_shape(self, memory_mb: int, vcpus: int) -> tuple[list[str], dict[str, Any]]:
-        image = self._current
-        assert image is not None
-        net = net_argv(self.config, Path("/@rig"), "@fd")
-        width, height = self._default_display(image)
-        shape = desktop_argv(
-            qemu=self.config.qemu, accel=str(self.config.accel), memory_mb=memory_mb, vcpus=vcpus,
-            disk_overlay=Path("/@disk"), kernel=Path("/@kernel"), initrd=Path("/@initrd"),
-            cmdline_extra=[*image.manifest.cmdline, *net.get("cmdline_extra", [])],
-            qmp_socket=Path("/@rig/qmp.sock"), agent_socket=Path("/@rig/agent.sock"),
-            console_socket=Path("/@rig/console.sock"), width=width, height=height,
-            mac="02:00:00:00:00:00" if "netdev" in net else None, netdev=net.get("netdev"),
-            **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
-        )
-        return shape, {
-            name: {"key": image.sha256, "file": path.name, "size": path.stat().st_size}
-            for name, path in (("kernel", image.kernel), ("initrd", image.initrd))
-        }
-
-    def _new_machine(self, **kw: Any) -> DesktopMachine:
-        assert self._current is not None
-        return DesktopMachine(image=self._current, **kw)
+        return DesktopRecipe(self.config, image)
 
 
-#: The image the current task's open boots (Trio tasks copy the context they start in).
-_OPENING: contextvars.ContextVar[ImportedImage | None] = contextvars.ContextVar("rigd_desktop_image",
-                                                                               default=None)
+def desktop_backend(
+    config: QemuConfig, image: Callable[[Callable[[str], None]], ImportedImage | None], *,
+    layout: Layout | None = None, uids: UidPool | None = None, snapshots: SnapshotService | None = None,
+) -> QemuBackend:
+    """One backend serves all three ``qemu-*`` backends (the spec's ``accel`` says which)."""
+    return QemuBackend(Backend.QEMU_TCG, config, DesktopImages(config, image),
+                       layout=layout, uids=uids, snapshots=snapshots)
 
 
-def _no_pack(_progress: Callable[[str], None]) -> Path:
-    raise BackendError("computer rigs boot an imported image, not a pack")
+class DesktopDriver:
+    """The desktop half of a running machine: readiness, frames, input, the verbs."""
 
-
-class DesktopMachine(SmolvmMachine):
-    def __init__(self, *, image: ImportedImage, **machine: Any) -> None:
-        """``machine``: :class:`SmolvmMachine`'s arguments (spec, config, identity, rig_dir …)."""
-        super().__init__(**machine)
-        self.image = image
-        self.accel = self.spec.accel or self.config.accel
-        _boot, self.grace = timeouts_for(self.accel)
-        self.boot_deadline = DESKTOP_BOOT_S.get(self.accel, DESKTOP_BOOT_S_ACCEL)
-        self.info = dataclasses.replace(
-            self.info, backend=BACKEND_OF[self.accel], accel=self.accel,
-            image=f"sha256:{image.sha256}", security_boundary=self.accel is not Accel.TCG,
-        )
-        manifest = image.manifest
-        self.display: tuple[int, int] = self.spec.display or (manifest.width or 1280, manifest.height or 800)
+    def __init__(self, machine: QemuMachine, *, spec_display: tuple[int, int]) -> None:
+        self.m = machine
+        self._display: tuple[int, int] = spec_display
         #: Where the pointer is, as far as the host knows (it moved it).
-        self.pointer: tuple[int, int] = (self.display[0] // 2, self.display[1] // 2)
+        self.pointer: tuple[int, int] = (spec_display[0] // 2, spec_display[1] // 2)
         self.features: frozenset[str] = frozenset()
         self.proto = 0
         #: One input plan at a time: an agent's drag and a person's click never interleave.
         self.input_lock = trio.Lock()
+        #: Verb -> handler: the dispatch table (a test proves it covers every computer_use verb).
+        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
+            "screenshot": self._do_screenshot, "cursor_position": self._do_cursor_position,
+            "mouse_move": self._do_mouse_move, "left_click": self._click, "right_click": self._click,
+            "middle_click": self._click, "double_click": self._click, "triple_click": self._click,
+            "left_mouse_down": self._do_left_mouse_down, "left_mouse_up": self._do_left_mouse_up,
+            "left_click_drag": self._do_left_click_drag, "scroll": self._do_scroll,
+            "key": self._do_key, "hold_key": self._do_hold_key, "type": self._do_type,
+            "wait": self._do_wait, "set_display": self._do_set_display,
+            "clipboard_read": self._do_clipboard_read, "clipboard_write": self._do_clipboard_write,
+        }
 
-    def argv(self, *, incoming: bool = False, tap_fd: int | None = None) -> list[str]:
-        net = net_argv(self.config, self.rig_dir, tap_fd)
-        return desktop_argv(
-            qemu=self.config.qemu, accel=str(self.accel), memory_mb=self.spec.memory_mb,
-            vcpus=self.spec.vcpus, disk_overlay=self.overlay, kernel=self.image.kernel,
-            initrd=self.image.initrd,
-            cmdline_extra=[*self.image.manifest.cmdline, *net.get("cmdline_extra", [])],
-            qmp_socket=self.rig_dir / "qmp.sock", agent_socket=self.rig_dir / "agent.sock",
-            console_socket=self.rig_dir / "console.sock", width=self.display[0],
-            height=self.display[1], incoming="defer" if incoming else None,
-            mac=rig_mac(self.spec.rig_id) if "netdev" in net else None, netdev=net.get("netdev"),
-            **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
-        )
+    @property
+    def display(self) -> tuple[int, int]:
+        return self._display
 
-    # -- boot ---------------------------------------------------------------------
+    @display.setter
+    def display(self, value: tuple[int, int]) -> None:
+        self._display = value
 
-    async def boot(self, progress: Callable[[str], None], *, personalize: bool = True) -> None:
-        started = trio.current_time()
-        await super().boot(progress, personalize=personalize)
-        await self._desktop_up(progress, self.boot_deadline - (trio.current_time() - started))
+    # -- readiness -----------------------------------------------------------------
 
-    async def restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
-        await super().restore(progress, snapshot)
-        await self._desktop_up(progress, RESTORED_DESKTOP_S)
-
-    async def _desktop_up(self, progress: Callable[[str], None], left: float) -> None:
+    async def ready(self, progress: Callable[[str], None], *, warm: bool, left_s: float) -> None:
         """Learn what the agent can do, then wait for X and a window manager."""
-        proto = self.hello.get("proto")
+        left = RESTORED_DESKTOP_S if warm else left_s
+        hello = self.m.hello
+        proto = hello.get("proto")
         self.proto = proto if isinstance(proto, int) and not isinstance(proto, bool) else 1
-        feats = self.hello.get("features")
+        feats = hello.get("features")
         if isinstance(feats, list):
             self.features = frozenset(f for f in feats if isinstance(f, str))
         if self.proto < PROTO_DESKTOP or "display" not in self.features:
-            self.log.warning("the image's agent is older than protocol 2: frames come from QMP "
-                             "screendump; no modes, selections or pasted text")
+            self.m.log.warning("the image's agent is older than protocol 2: frames come from QMP "
+                               "screendump; no modes, selections or pasted text")
             return
         progress("waiting for the desktop")
         with trio.move_on_after(max(left, 1.0)) as deadline:
             while True:
                 try:
-                    body = await self._guest().request("display", timeout=self.grace)
+                    body = await self.m.channel().request("display", timeout=self.m.grace)
                 except GuestRefused:
                     await trio.sleep(1.0)
                     continue
@@ -254,15 +251,15 @@ class DesktopMachine(SmolvmMachine):
                 await trio.sleep(1.0)
         if deadline.cancelled_caught:
             raise BackendError(
-                f"the desktop (X server) did not come up within {int(self.boot_deadline)} s",
-                console=self.console_tail(2048),
+                f"the desktop (X server) did not come up within {int(self.m.boot_deadline)} s",
+                console=self.m.console_tail(2048),
             )
 
     async def _session_up(self) -> bool:
         """A window manager has claimed the root (EWMH) and the screen is drawn
         (a small still has more than a handful of colours: not a blank)."""
         try:
-            result = await self.exec(
+            result = await self.m.exec(
                 ["/bin/sh", "-c", "command -v xprop >/dev/null || exit 0; "
                                   "xprop -root _NET_SUPPORTING_WM_CHECK | grep -q 'window id'"],
                 cwd=None, env=None, stdin=None, timeout_s=20, max_output=4096,
@@ -271,9 +268,8 @@ class DesktopMachine(SmolvmMachine):
             return True
         if result.exit_code != 0:
             return False
-        still, _source, _cursor, _marked = await self.still(max_w=160, max_h=100, fmt="png",
-                                                             mark_cursor=False)
-        return await trio.to_thread.run_sync(colours_over, still.data, DRAWN_MIN_COLOURS)
+        frame = await self.still(max_w=160, max_h=100, fmt="png", mark_cursor=False)
+        return await trio.to_thread.run_sync(colours_over, frame.still.data, DRAWN_MIN_COLOURS)
 
     def _note_display(self, body: dict[str, Any]) -> None:
         w, h = body.get("width"), body.get("height")
@@ -282,16 +278,16 @@ class DesktopMachine(SmolvmMachine):
 
     # -- input through QMP ---------------------------------------------------------------
 
-    async def send_plan(self, steps: Sequence[qin.Step]) -> None:
+    async def send_input(self, steps: Sequence[qin.Step]) -> None:
         """Send an input plan: each event list is one QMP ``input-send-event``."""
-        if self.qmp is None:
+        if self.m.qmp is None:
             raise BackendError("the machine is not running")
         async with self.input_lock:
             for step in steps:
                 if isinstance(step, qin.Pause):
                     await trio.sleep(step.seconds)
                 elif step:
-                    await self.qmp.execute("input-send-event", {"events": step}, timeout=self.grace)
+                    await self.m.qmp.execute("input-send-event", {"events": step}, timeout=self.m.grace)
 
     def _check_point(self, point: tuple[int, int], field: str) -> None:
         w, h = self.display
@@ -308,17 +304,17 @@ class DesktopMachine(SmolvmMachine):
         return self.proto >= PROTO_DESKTOP and feature in self.features
 
     async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
-                    mark_cursor: bool = True) -> tuple[Still, str, tuple[int, int] | None, bool]:
-        """(still, source, cursor, cursor marked): the agent's lane, else QMP ``screendump``."""
+                    mark_cursor: bool = True) -> Frame:
+        """A still from the agent's lane, else from QMP ``screendump``."""
         if self._agent_has("screen"):
             try:
                 return await self._agent_still(max_w, max_h, fmt, quality, mark_cursor)
             except GuestRefused as exc:
-                self.log.info("agent screen refused; using QMP", extra={"reason": exc.reason[:200]})
-        return await self._qmp_still(max_w, max_h, fmt, quality), "qmp", None, False
+                self.m.log.info("agent screen refused; using QMP", extra={"reason": exc.reason[:200]})
+        return Frame(await self._qmp_still(max_w, max_h, fmt, quality), "qmp", None, False)
 
     async def _agent_still(self, max_w: int, max_h: int, fmt: str, quality: int,
-                           mark: bool) -> tuple[Still, str, tuple[int, int] | None, bool]:
+                           mark: bool) -> Frame:
         parts: list[bytes] = []
         size = [0]
 
@@ -329,8 +325,8 @@ class DesktopMachine(SmolvmMachine):
                 parts.append(event.data)
                 size[0] += len(event.data)
 
-        body = await self._guest().request(
-            "screen", timeout=30 + self.grace, on_stream=on_stream, maxWidth=max_w,
+        body = await self.m.channel().request(
+            "screen", timeout=30 + self.m.grace, on_stream=on_stream, maxWidth=max_w,
             maxHeight=max_h, quality=quality, format=fmt, markCursor=mark,
         )
         if isinstance(body.get("data"), str):
@@ -355,15 +351,15 @@ class DesktopMachine(SmolvmMachine):
             point = (int(cursor[0]), int(cursor[1]))
         media = "image/png" if fmt == "png" else "image/jpeg"
         still = Still(data, media, dw, dh, iw, ih, float(scale))
-        return still, "agent", point, body.get("cursorMarked") is True
+        return Frame(still, "agent", point, body.get("cursorMarked") is True)
 
     async def _qmp_still(self, max_w: int, max_h: int, fmt: str, quality: int) -> Still:
-        if self.qmp is None:
+        if self.m.qmp is None:
             raise BackendError("the machine is not running")
-        path = self.rig_dir / f"frame-{trio.current_time():.6f}.png"
+        path = self.m.rig_dir / f"frame-{trio.current_time():.6f}.png"
         try:
-            await self.qmp.execute("screendump", {"filename": str(path), "format": "png"},
-                                   timeout=30 + self.grace)
+            await self.m.qmp.execute("screendump", {"filename": str(path), "format": "png"},
+                                   timeout=30 + self.m.grace)
             png = await trio.Path(path).read_bytes()
         finally:
             await trio.Path(path).unlink(missing_ok=True)
@@ -375,13 +371,11 @@ class DesktopMachine(SmolvmMachine):
 
     # -- the verbs ------------------------------------------------------------------------
 
-    async def perform(self, action: Any) -> dict[str, Any]:
-        handler = getattr(self, f"_do_{getattr(action, 'verb', '')}", None)
+    async def perform(self, action: Action) -> dict[str, Any]:
+        handler = self.verbs.get(action.verb)
         if handler is None:
-            verb = getattr(action, "verb", "?")
-            raise FieldError("action.action", f"a computer rig does not answer {verb}")
-        result: dict[str, Any] = await handler(action)
-        return result
+            raise FieldError("action.action", f"a computer rig does not answer {action.verb}")
+        return await handler(action)
 
     async def _do_screenshot(self, _a: cv.ComputerScreenshot) -> dict[str, Any]:
         cap = AGENT_STILL_MAX
@@ -393,7 +387,7 @@ class DesktopMachine(SmolvmMachine):
 
     async def _do_cursor_position(self, _a: cv.ComputerCursorPosition) -> dict[str, Any]:
         if self._agent_has("cursor"):
-            body = await self._guest().request("cursor", timeout=self.grace)
+            body = await self.m.channel().request("cursor", timeout=self.m.grace)
             cur = body.get("cursor")
             if isinstance(cur, list) and len(cur) == 2 and all(_is_int(c) for c in cur):
                 self._note_display({"width": body.get("displayWidth"), "height": body.get("displayHeight")})
@@ -406,7 +400,7 @@ class DesktopMachine(SmolvmMachine):
 
     async def _do_mouse_move(self, a: cv.ComputerMouseMove) -> dict[str, Any]:
         self._check_point(a.coordinate, "action.coordinate")
-        await self.send_plan([qin.move(*a.coordinate, *self.display)])
+        await self.send_input([qin.move(*a.coordinate, *self.display)])
         self._moved(a.coordinate)
         return {"coordinate": list(a.coordinate), "settled": await self._pointer_settled(a.coordinate)}
 
@@ -417,7 +411,7 @@ class DesktopMachine(SmolvmMachine):
             return None
         with trio.move_on_after(POINTER_SETTLE_S):
             while True:
-                body = await self._guest().request("cursor", timeout=self.grace)
+                body = await self.m.channel().request("cursor", timeout=self.m.grace)
                 if body.get("cursor") == list(point):
                     return True
                 await trio.sleep(0.02)
@@ -429,7 +423,7 @@ class DesktopMachine(SmolvmMachine):
         if point is None:
             return
         self._check_point(point, field)
-        await self.send_plan([qin.move(*point, *self.display)])
+        await self.send_input([qin.move(*point, *self.display)])
         self._moved(point)
         await self._pointer_settled(point)
 
@@ -444,30 +438,27 @@ class DesktopMachine(SmolvmMachine):
         await trio.sleep(BUTTON_SETTLE_S)
         if self._agent_has("cursor"):
             with contextlib.suppress(GuestError):
-                await self._guest().request("cursor", timeout=self.grace)
+                await self.m.channel().request("cursor", timeout=self.m.grace)
 
     async def _click(self, a: cv.ComputerClick) -> dict[str, Any]:
         await self._move_first(a.coordinate, "action.coordinate")
-        await self.send_plan(qin.plan_click(None, self.display, button_name=a.button,
+        await self.send_input(qin.plan_click(None, self.display, button_name=a.button,
                                             clicks=a.clicks, modifiers=a.modifiers))
         await self._input_processed()
         return {"coordinate": list(self.pointer), "button": a.button, "clicks": a.clicks}
 
-    _do_left_click = _do_right_click = _do_middle_click = _click
-    _do_double_click = _do_triple_click = _click
-
     async def _do_left_mouse_down(self, _a: cv.ComputerLeftMouseDown) -> dict[str, Any]:
-        await self.send_plan([[qin.button("left", True)]])
+        await self.send_input([[qin.button("left", True)]])
         return {"coordinate": list(self.pointer), "button": "left", "down": True}
 
     async def _do_left_mouse_up(self, _a: cv.ComputerLeftMouseUp) -> dict[str, Any]:
-        await self.send_plan([[qin.button("left", False)]])
+        await self.send_input([[qin.button("left", False)]])
         return {"coordinate": list(self.pointer), "button": "left", "down": False}
 
     async def _do_left_click_drag(self, a: cv.ComputerLeftClickDrag) -> dict[str, Any]:
         self._check_point(a.end, "action.coordinate")
         await self._move_first(a.start, "action.start_coordinate")
-        await self.send_plan(qin.plan_drag(a.start, a.end, self.display))
+        await self.send_input(qin.plan_drag(a.start, a.end, self.display))
         self._moved(a.end)
         await self._pointer_settled(a.end)
         await self._input_processed()
@@ -475,7 +466,7 @@ class DesktopMachine(SmolvmMachine):
 
     async def _do_scroll(self, a: cv.ComputerScroll) -> dict[str, Any]:
         await self._move_first(a.coordinate, "action.coordinate")
-        await self.send_plan(qin.plan_scroll(None, self.display, str(a.direction),
+        await self.send_input(qin.plan_scroll(None, self.display, str(a.direction),
                                              a.amount, a.modifiers))
         # libinput holds wheel events back a moment (its wheel state machine);
         # a pointer move sent meanwhile would overtake them and the scroll
@@ -493,7 +484,7 @@ class DesktopMachine(SmolvmMachine):
             plan = qin.plan_combos(a.combos)
         except qin.UnknownKey as exc:
             raise FieldError("action.text", str(exc)) from exc
-        await self.send_plan(plan)
+        await self.send_input(plan)
         return {"keys": [str(c) for c in a.combos]}
 
     async def _do_hold_key(self, a: cv.ComputerHoldKey) -> dict[str, Any]:
@@ -501,14 +492,14 @@ class DesktopMachine(SmolvmMachine):
             plan = qin.plan_hold(a.combo, a.duration_s)
         except qin.UnknownKey as exc:
             raise FieldError("action.text", str(exc)) from exc
-        await self.send_plan(plan)
+        await self.send_input(plan)
         return {"key": str(a.combo), "heldS": a.duration_s}
 
     async def _do_type(self, a: cv.ComputerType) -> dict[str, Any]:
         text = a.text
         chars = len(text)
         if all(ch in qin.CHAR_KEYS for ch in text):
-            await self.send_plan(qin.plan_typing(text))
+            await self.send_input(qin.plan_typing(text))
             return {"characters": chars, "dropped": 0, "via": "keys"}
         if not self._agent_has("clipboard_write"):
             bad = next(ch for ch in text if ch not in qin.CHAR_KEYS)
@@ -522,7 +513,7 @@ class DesktopMachine(SmolvmMachine):
         async with self.input_lock:
             for selection in ("clipboard", "primary"):
                 await self._write_selection(selection, text)
-        await self.send_plan(qin.plan_combos([_SHIFT_INSERT]))
+        await self.send_input(qin.plan_combos([_SHIFT_INSERT]))
         await trio.sleep(PASTE_SETTLE_S)
         return {
             "characters": chars, "dropped": 0, "via": "clipboard",
@@ -531,11 +522,11 @@ class DesktopMachine(SmolvmMachine):
         }
 
     async def _write_selection(self, selection: str, text: str) -> int:
-        guest = self._guest()
+        guest = self.m.channel()
         parts = [text[i:i + CLIP_PART_CHARS] for i in range(0, len(text), CLIP_PART_CHARS)] or [""]
         total = 0
         for i, part in enumerate(parts):
-            body = await guest.request("clipboard_write", timeout=self.grace + 10, text=part,
+            body = await guest.request("clipboard_write", timeout=self.m.grace + 10, text=part,
                                        selection=selection, continues=i + 1 < len(parts))
             got = body.get("bytes")
             total = got if _is_int(got) else total
@@ -549,7 +540,7 @@ class DesktopMachine(SmolvmMachine):
         if not self._agent_has("set_display"):
             raise FieldError("action.action", "this image's agent cannot change the display mode "
                                               "(guest protocol 2 with xrandr is needed)")
-        body = await self._guest().request("set_display", timeout=60 + self.grace,
+        body = await self.m.channel().request("set_display", timeout=60 + self.m.grace,
                                            width=a.width, height=a.height)
         self._note_display(body)
         if self.display != (a.width, a.height):
@@ -568,7 +559,7 @@ class DesktopMachine(SmolvmMachine):
             if event.name == "data":
                 parts.append(event.data)
 
-        body = await self._guest().request("clipboard_read", timeout=self.grace + 10,
+        body = await self.m.channel().request("clipboard_read", timeout=self.m.grace + 10,
                                            on_stream=on_stream, selection=str(a.selection))
         text = body.get("text")
         raw = text.encode("utf-8") if isinstance(text, str) else b"".join(parts)
@@ -611,4 +602,4 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-__all__ = ["DesktopBackend", "DesktopMachine", "still_json"]
+__all__ = ["DesktopDriver", "DesktopImages", "DesktopRecipe", "desktop_backend", "still_json"]

@@ -11,9 +11,10 @@ from typing import Any
 
 import trio
 
-from rigd.backends.base import ExecResult, MachineInfo, MachineSpec
-from rigd.errors import BackendError
+from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
+from rigd.errors import BackendError, FieldError
 from rigd.model import Accel, Backend
+from rigd.protocols.input import Step
 
 
 @dataclass(slots=True)
@@ -77,6 +78,17 @@ class FakeMachine:
         await trio.lowlevel.checkpoint()
         self.performed.append(action.verb)
         return self.answers.get(action.verb, {"performed": action.verb})
+
+    @property
+    def display(self) -> tuple[int, int] | None:
+        return None
+
+    async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
+                    mark_cursor: bool = True) -> Frame:
+        raise FieldError("action.action", "a fake rig has no screen")
+
+    async def send_input(self, steps: Sequence[Step]) -> None:
+        raise FieldError("action.action", "a fake rig has no pointer or keyboard")
 
     async def park(self) -> None:
         self.parked = True

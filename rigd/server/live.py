@@ -40,7 +40,7 @@ from typing import Any
 import trio
 from quart import websocket
 
-from rigd.backends.desktop import DesktopMachine
+from rigd.backends.base import Machine
 from rigd.errors import FieldError, RigdError
 from rigd.frames import Still
 from rigd.model import HUMAN_STILL_MAX
@@ -63,14 +63,15 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
     except RigdError as exc:
         return lane_refusal(exc)
     machine = rig.machine
-    if not isinstance(machine, DesktopMachine):
-        return json_response({"error": {"message": "only computer rigs have a live view"}}, 409)
+    display = None if machine is None else machine.display
+    if machine is None or display is None:
+        return json_response({"error": {"message": "only rigs with a screen have a live view"}}, 409)
     await websocket.accept()
     counts: dict[str, int] = {"frames": 0, "inputs": 0, "refused": 0}
     await ctx.rigs.audit_event(rig, caller, "view_open", {})
     await websocket.send(json.dumps({
         "type": "hello", "rigId": rig_id, "control": rig.person_controller == caller.user.id,
-        "display": {"width": machine.display[0], "height": machine.display[1]},
+        "display": {"width": display[0], "height": display[1]},
     }))
     try:
         async with trio.open_nursery() as nursery:
@@ -102,7 +103,7 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
                         counts["refused"] += 1
                         raise FieldError("control", "view-only: take control of the rig "
                                                     "(rig.control take) before sending input")
-                    plan, shape = plan_input(msg, machine.display)
+                    plan, shape = plan_input(msg, machine.display or display)
                     await ctx.rigs.live_input(rig, caller, machine, plan, shape)
                     counts["inputs"] += 1
                 except RigdError as exc:
@@ -115,7 +116,7 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
 
 
 async def changed_frames(
-    machine: DesktopMachine, tick: Callable[[], None]
+    machine: Machine, tick: Callable[[], None]
 ) -> AsyncIterator[tuple[Still, str]]:
     """Stills of the screen (up to 2560x1600), each yielded only when it changed.
 

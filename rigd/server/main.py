@@ -29,8 +29,13 @@ from netgate.usermode import helper_python
 from rigd.auth import Signer, load_or_create_key
 from rigd.backends.accel import native_accel, probe
 from rigd.backends.confine import UidPool, check_reachable, make_shared_dir
-from rigd.backends.desktop import DesktopBackend
-from rigd.backends.smolvm import NetworkConfig, SmolvmBackend, SmolvmConfig
+from rigd.backends.desktop import desktop_backend
+from rigd.backends.gates import NetworkConfig
+from rigd.backends.host import QemuBackend
+from rigd.backends.layout import Layout
+from rigd.backends.qemu import QemuConfig
+from rigd.backends.smolvm import prepare_terminals, terminal_backend
+from rigd.backends.warm import SnapshotService
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.cache import sha256_file
@@ -264,13 +269,13 @@ def desktop_images(data_dir: Path, cache_dir: Path | None) -> ImageProvider:
     return current
 
 
-async def _warm_pack(backend: SmolvmBackend) -> None:
+async def _warm_pack(backend: QemuBackend) -> None:
     """Unpack the default image and snapshot a booted machine of the default
     shape now, so the first rig.open neither unpacks nor boots cold."""
     limits = LIMITS[Surface.TERMINAL]
     try:
-        await backend.pack(lambda step: log.info("pack: %s", step))
-        await backend.warm_snapshot(memory_mb=limits.memory_mb, vcpus=limits.vcpus)
+        await prepare_terminals(backend, limits.memory_mb, limits.vcpus,
+                                lambda step: log.info("pack: %s", step))
     except RigdError as exc:
         log.error("could not prepare the terminal pack: %s", exc.message)
 
@@ -313,13 +318,19 @@ async def _serve(
         return rootfs
 
     network, broker = await _network(config, data_dir)
-    smol_config = SmolvmConfig(data_dir=data_dir, accel=accel or Accel.TCG, assets=assets,
-                               qemu=config.qemu, warm_starts=config.warm_starts, network=network)
-    uids = UidPool()  # one pool: no two rigs of any surface share a uid
-    backend = SmolvmBackend(smol_config, ensure_pack=make_pack, uids=uids)
-    desktop = DesktopBackend(smol_config, image=desktop_images(data_dir, config.cache_dir), uids=uids)
+    qemu_config = QemuConfig(data_dir=data_dir, accel=accel or Accel.TCG, qemu=config.qemu,
+                             warm_starts=config.warm_starts, network=network)
+    # One layout, one uid pool (no two rigs of any surface share a uid), one snapshot service.
+    layout = Layout(data_dir)
+    uids = UidPool()
+    snapshots = SnapshotService(qemu_config, layout, uids)
+    backend = terminal_backend(qemu_config, assets, make_pack, layout=layout, uids=uids,
+                               snapshots=snapshots)
+    desktop = desktop_backend(qemu_config, desktop_images(data_dir, config.cache_dir), layout=layout,
+                              uids=uids, snapshots=snapshots)
     rigs = RigManager(
         stores, {Surface.TERMINAL: backend, Surface.COMPUTER: desktop}, accel=accel, accel_problem=problem,
+        recover=layout.recover,
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
         network=network.mode if network is not None else None,
     )
@@ -337,8 +348,7 @@ async def _serve(
     hyper.graceful_timeout = 2.0
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(backend.run)
-        await nursery.start(desktop.run)
+        await nursery.start(snapshots.run)
         await nursery.start(rigs.run)
         if accel is not None:
             # Unpack the default image now, so the first rig.open does not wait for it.

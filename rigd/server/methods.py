@@ -10,7 +10,8 @@ from netgate.broker import SecretStore
 from rigd import __version__
 from rigd.errors import FieldError, NotFound
 from rigd.model import BUILT_SURFACES
-from rigd.params import ident, integer, no_extra, obj, string
+from rigd.params import RigRef, ident, integer, no_extra, obj, string
+from rigd.rig_api import RIG_METHODS, RigApi
 from rigd.rigs import Caller, RigManager
 from rigd.server.rpc import Method
 from rigd.store.aio import Stores
@@ -21,7 +22,8 @@ def build_methods(
     stores: Stores, rigs: RigManager, signer: Any, base_url: list[str], broker: SecretStore | None = None
 ) -> dict[str, Method]:
     server = stores.server
-    tools = Tools(rigs)
+    api = RigApi(rigs)
+    tools = Tools(api)
 
     async def workspace_list(caller: Caller, raw: object) -> list[dict[str, Any]]:
         no_extra(obj(raw), set())
@@ -31,7 +33,6 @@ def build_methods(
         params = obj(raw)
         no_extra(params, {"name"})
         name = string(params, "name", max_len=64)
-        assert name is not None
         ws = await stores.run(server.create_workspace, name)
         await stores.run(server.add_member, ws.id, caller.user.id)
         return ws.to_json()
@@ -41,7 +42,6 @@ def build_methods(
         no_extra(params, {"name", "kind"})
         name = string(params, "name", max_len=64)
         kind = params.get("kind", "agent")
-        assert name is not None
         user = await stores.run(server.create_user, name, kind if isinstance(kind, str) else "?")
         return user.to_json()
 
@@ -50,7 +50,6 @@ def build_methods(
         no_extra(params, {"workspace", "user"})
         ws_ref = string(params, "workspace", max_len=128)
         user_ref = string(params, "user", max_len=128)
-        assert ws_ref is not None and user_ref is not None
         ws = await stores.run(server.get_workspace, ws_ref)
         user = await stores.run(server.find_user, user_ref)
         if user is None:
@@ -76,7 +75,6 @@ def build_methods(
         params = obj(raw)
         no_extra(params, {"workspace"})
         ref = string(params, "workspace", max_len=128)
-        assert ref is not None
         ws = await stores.run(server.get_workspace, ref)
         closed = await rigs.close_workspace(ws.id)
         await stores.run(server.delete_workspace, ws.id)
@@ -86,7 +84,6 @@ def build_methods(
         params = obj(raw)
         no_extra(params, {"workspace"})
         ref = string(params, "workspace", max_len=128)
-        assert ref is not None
         if caller.session is None:
             raise FieldError("method", "events.subscribe needs the WebSocket transport (GET /rpc)")
         ws = await stores.run(server.resolve_workspace, caller.user.id, ref)
@@ -98,7 +95,6 @@ def build_methods(
         no_extra(params, {"user", "label"})
         user_ref = string(params, "user", max_len=128)
         label = string(params, "label", required=False, max_len=64) or "token"
-        assert user_ref is not None
         user = await stores.run(server.find_user, user_ref)
         if user is None:
             try:
@@ -122,19 +118,18 @@ def build_methods(
             "memoryBudgetMb": rigs.memory_budget_mb,
         }
 
-    async def _secret_workspace(caller: Caller, params: dict[str, Any]) -> str:
+    async def _secret_workspace(caller: Caller, params: dict[str, Any]) -> tuple[str, SecretStore]:
         if broker is None:
             raise FieldError("method", "this server has no credential broker (rigs have no network)")
         ref = string(params, "workspace", max_len=128)
-        assert ref is not None
         ws = await stores.run(server.resolve_workspace, caller.user.id, ref)
-        return ws.id
+        return ws.id, broker
 
     async def secret_set(caller: Caller, raw: object) -> dict[str, Any]:
         """Store a secret for the gateway to inject; its value is never returned or logged."""
         params = obj(raw)
         no_extra(params, {"workspace", "name", "value", "hosts", "header", "template"})
-        ws_id = await _secret_workspace(caller, params)
+        ws_id, store = await _secret_workspace(caller, params)
         name = ident(params, "name")
         value = params.get("value")
         if not isinstance(value, str) or not value or len(value) > 16384:
@@ -144,26 +139,23 @@ def build_methods(
             raise FieldError("hosts", "must be a non-empty list of host patterns")
         header = string(params, "header", required=False, max_len=64) or "Authorization"
         template = string(params, "template", required=False, max_len=256) or "Bearer {value}"
-        assert broker is not None and name is not None
         entry = await trio.to_thread.run_sync(
-            lambda: broker.put(ws_id, name, value, hosts, header=header, template=template))
+            lambda: store.put(ws_id, name, value, hosts, header=header, template=template))
         return {"workspace": ws_id, "name": name, "hosts": list(entry.hosts), "header": header}
 
     async def secret_list(caller: Caller, raw: object) -> list[dict[str, Any]]:
         params = obj(raw)
         no_extra(params, {"workspace"})
-        ws_id = await _secret_workspace(caller, params)
-        assert broker is not None
-        entries = await trio.to_thread.run_sync(broker.list, ws_id)
+        ws_id, store = await _secret_workspace(caller, params)
+        entries = await trio.to_thread.run_sync(store.list, ws_id)
         return [{"name": e.name, "hosts": list(e.hosts), "header": e.header} for e in entries]
 
     async def secret_delete(caller: Caller, raw: object) -> dict[str, Any]:
         params = obj(raw)
         no_extra(params, {"workspace", "name"})
-        ws_id = await _secret_workspace(caller, params)
+        ws_id, store = await _secret_workspace(caller, params)
         name = ident(params, "name")
-        assert broker is not None and name is not None
-        await trio.to_thread.run_sync(broker.delete, ws_id, name)
+        await trio.to_thread.run_sync(store.delete, ws_id, name)
         return {"workspace": ws_id, "name": name, "deleted": True}
 
     async def server_configure(caller: Caller, raw: object) -> dict[str, Any]:
@@ -178,8 +170,7 @@ def build_methods(
         params = obj(raw)
         no_extra(params, {"rigId"})
         rig_id = ident(params, "rigId")
-        assert rig_id is not None
-        rig = await rigs.get(caller, {"rigId": rig_id})
+        rig = await api.get(caller, RigRef(rig_id))
         if surface is not None and rig["surface"] != surface:
             raise FieldError("rigId", f"a {rig['surface']} rig has no {route} lane")
         q = signer.sign(kind, rig["workspace"], rig_id, caller.user.id)
@@ -195,26 +186,36 @@ def build_methods(
         """A signed ``rig-view`` URL of a computer rig's live view (/rig/live/<rigId>)."""
         return await signed_url(caller, raw, "rig-view", "live", surface="computer")
 
+    def rig_method(name: str) -> Method:
+        """A rig method: its parameters parsed into typed values here, at the edge."""
+        parse, attr = RIG_METHODS[name]
+        run = getattr(api, attr)
+
+        async def handler(caller: Caller, raw: object) -> Any:
+            return await run(caller, parse(raw))
+
+        return Method(handler)
+
     return {
-        "rig.open": Method(rigs.open),
+        "rig.open": rig_method("rig.open"),
         "rig.viewUrl": Method(view_url),
-        "rig.list": Method(rigs.list_rigs),
-        "rig.get": Method(rigs.get),
-        "rig.close": Method(rigs.close),
-        "rig.act": Method(rigs.act),
-        "rig.log": Method(rigs.actions),
+        "rig.list": rig_method("rig.list"),
+        "rig.get": rig_method("rig.get"),
+        "rig.close": rig_method("rig.close"),
+        "rig.act": rig_method("rig.act"),
+        "rig.log": rig_method("rig.log"),
         "rig.terminalUrl": Method(terminal_url),
-        "rig.control": Method(rigs.control),
-        "rig.egress": Method(rigs.set_egress),
+        "rig.control": rig_method("rig.control"),
+        "rig.egress": rig_method("rig.egress"),
         "secret.set": Method(secret_set),
         "secret.list": Method(secret_list),
         "secret.delete": Method(secret_delete),
-        "rig.watch": Method(rigs.watch),
-        "rig.park": Method(rigs.park),
-        "rig.retry": Method(rigs.retry),
-        "rig.events": Method(rigs.events_since),
+        "rig.watch": rig_method("rig.watch"),
+        "rig.park": rig_method("rig.park"),
+        "rig.retry": rig_method("rig.retry"),
+        "rig.events": rig_method("rig.events"),
         "events.subscribe": Method(events_subscribe),
-        "conversation.end": Method(rigs.end_conversation),
+        "conversation.end": rig_method("conversation.end"),
         "workspace.delete": Method(workspace_delete, admin=True),
         "tools.list": Method(tools.list),
         "tools.call": Method(tools.call),

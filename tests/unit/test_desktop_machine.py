@@ -1,4 +1,4 @@
-"""DesktopMachine's verbs over a fake QMP and a fake agent: what goes to the
+"""A desktop machine's verbs (QemuMachine with the DesktopRecipe's driver) over a fake QMP and a fake agent: what goes to the
 hypervisor, what goes to the agent, and how a bad reply is refused. The real
 desktop is in tests/integration/test_computer.py."""
 
@@ -8,7 +8,6 @@ import base64
 import io
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,8 +16,9 @@ from PIL import Image
 
 from rigd.backends.base import MachineSpec
 from rigd.backends.confine import Identity
-from rigd.backends.desktop import DesktopMachine
-from rigd.backends.smolvm import SmolvmConfig
+from rigd.backends.desktop import DesktopDriver, DesktopRecipe
+from rigd.backends.qemu import QemuConfig, QemuMachine
+from rigd.backends.recipe import RigPaths
 from rigd.errors import BackendError, FieldError, GuestError
 from rigd.images.importer import FileRef, ImageManifest, ImportedImage
 from rigd.model import Accel, Backend, Surface
@@ -74,25 +74,25 @@ def _jpeg(w: int, h: int) -> bytes:
 def make(tmp_path: Path, nursery: trio.Nursery, *, proto: int = 2,
          features: tuple[str, ...] = ("screen", "cursor", "display", "set_display", "clipboard_read",
                                       "clipboard_write"),
-         answers: dict[str, Any] | None = None, frame: bytes | None = None) -> DesktopMachine:
+         answers: dict[str, Any] | None = None, frame: bytes | None = None) -> QemuMachine:
     ref = FileRef("x", "0" * 64, 1)
     manifest = ImageManifest(surface="computer", guest_protocol=proto, kernel_release="6.1",
                              cmdline=(), width=1280, height=800, disk=ref, kernel=ref, initrd=ref)
     image = ImportedImage(dir=tmp_path, disk=tmp_path / "disk.qcow2", kernel=tmp_path / "vmlinux",
                           initrd=tmp_path / "initrd.img", manifest=manifest, sha256="ab" * 32,
                           already_present=True)
-    assets: Any = SimpleNamespace(image_digest="sha256:" + "cd" * 32)
-    config = SmolvmConfig(data_dir=tmp_path, accel=Accel.TCG, assets=assets, warm_starts=False)
-    m = DesktopMachine(
+    config = QemuConfig(data_dir=tmp_path, accel=Accel.TCG, warm_starts=False)
+    m = QemuMachine(
         spec=MachineSpec(rig_id="rig_t", surface=Surface.COMPUTER, memory_mb=2048, vcpus=2),
-        config=config, identity=Identity(0, 0, (), per_rig=False), rig_dir=tmp_path,
-        overlay=tmp_path / "o.qcow2", log=logging.getLogger("t"), nursery=nursery, gateway=None,
-        image=image,
+        recipe=DesktopRecipe(config, image), config=config, identity=Identity(0, 0, (), per_rig=False),
+        paths=RigPaths(tmp_path, tmp_path / "o.qcow2"), log=logging.getLogger("t"), nursery=nursery,
+        gateway=None,
     )
     m.qmp = FakeQMP(frame)  # type: ignore[assignment]
     m.guest = FakeGuest(answers or {})  # type: ignore[assignment]
-    m.proto = proto
-    m.features = frozenset(features)
+    assert isinstance(m.driver, DesktopDriver)
+    m.driver.proto = proto
+    m.driver.features = frozenset(features)
     return m
 
 
@@ -103,7 +103,7 @@ def action(payload: dict[str, Any], display: tuple[int, int] = (1280, 800)) -> A
     return parsed
 
 
-def qmp_events(m: DesktopMachine) -> list[dict[str, Any]]:
+def qmp_events(m: QemuMachine) -> list[dict[str, Any]]:
     assert isinstance(m.qmp, FakeQMP)
     return [e for name, args in m.qmp.sent if name == "input-send-event" for e in args["events"]]
 
@@ -154,14 +154,14 @@ async def test_text_an_old_agent_cannot_paste_is_refused_before_any_key(tmp_path
 
 async def test_clicks_scale_to_the_tablet_and_check_the_mode(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
-        m = make(tmp_path, nursery, answers={"cursor": lambda _f, _s: {"cursor": list(m.pointer)}})
+        m = make(tmp_path, nursery, answers={"cursor": lambda _f, _s: {"cursor": list(m.driver.pointer)}})
         out = await m.perform(action({"action": "double_click", "coordinate": [1279, 799]}))
         assert out["clicks"] == 2
         events = qmp_events(m)
         assert events[:2] == qin.move(1279, 799, 1280, 800)
         assert [e["data"]["down"] for e in events if e["type"] == "btn"] == [True, False, True, False]
         assert isinstance(m.guest, FakeGuest) and m.guest.requests[0][0] == "cursor"  # moved, then clicked
-        m.display = (800, 600)  # the guest changed its mode
+        m.driver.display = (800, 600)  # the guest changed its mode
         with pytest.raises(FieldError) as exc:
             await m.perform(action({"action": "left_click", "coordinate": [900, 10]}))
         assert exc.value.field == "action.coordinate" and "800x600" in exc.value.message
@@ -243,3 +243,21 @@ async def test_mouse_move_waits_until_x_has_the_pointer(tmp_path: Path) -> None:
         out = await m.perform(action({"action": "mouse_move", "coordinate": [640, 400]}))
         assert out == {"coordinate": [640, 400], "settled": True}
         assert isinstance(m.guest, FakeGuest) and len(m.guest.requests) == 3
+
+
+async def test_every_built_surface_dispatches_every_verb_of_its_tool(tmp_path: Path) -> None:
+    """The verb tables are complete: each computer_use verb has a desktop handler
+    (and nothing else is handled); terminal_use is exec alone, which every QEMU
+    machine answers through its agent, and the terminal's driver refuses the rest."""
+    from rigd.backends.recipe import NoScreen
+    from rigd.verbs import computer as cv
+    from rigd.verbs import terminal as tv
+
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery)
+        assert isinstance(m.driver, DesktopDriver)
+        assert set(m.driver.verbs) == set(cv.VERBS)
+    assert set(tv.VERBS) == {"exec"}
+    with pytest.raises(FieldError) as exc:
+        await NoScreen(Surface.TERMINAL).perform(action({"action": "screenshot"}))
+    assert exc.value.field == "action.action" and "only exec" in exc.value.message

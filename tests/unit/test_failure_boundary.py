@@ -17,6 +17,7 @@ from rigd.backends.fake import FakeBackend, FakeMachine
 from rigd.errors import BackendError, RigdError
 from rigd.failure import describe_failure, leaves
 from rigd.model import Accel, Surface
+from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
 from rigd.store.aio import Stores
 
@@ -31,14 +32,15 @@ class World:
         self.backend = FakeBackend()
         self.rigs = RigManager(self.stores, {Surface.TERMINAL: self.backend}, accel=Accel.TCG,
                                network="gateway")
+        self.api = RigApi(self.rigs)
         self.manager_ended = False
 
     async def open(self) -> tuple[str, FakeMachine]:
-        rig = await self.rigs.open(self.admin, {"workspace": "default", "surface": "terminal"})
+        rig = await self.api.call("rig.open", self.admin, {"workspace": "default", "surface": "terminal"})
         return rig["id"], self.backend.machines[-1]
 
     async def echo(self, rig_id: str) -> str:
-        out = await self.rigs.act(self.admin, {"rigId": rig_id, "tool": "terminal_use",
+        out = await self.api.call("rig.act", self.admin, {"rigId": rig_id, "tool": "terminal_use",
                                                "action": {"action": "exec", "argv": ["echo", "alive"]}})
         text: str = out["stdout"]["text"]
         return text
@@ -46,7 +48,7 @@ class World:
     async def failed(self, rig_id: str) -> dict[str, Any]:
         live = self.rigs.live[rig_id]
         await live.finished.wait()
-        rig = await self.rigs.get(self.admin, {"rigId": rig_id})
+        rig = await self.api.call("rig.get", self.admin, {"rigId": rig_id})
         assert rig["phase"] == "failed" and rig["closeReason"] == "backendFailure"
         return rig
 
@@ -68,7 +70,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
 
 async def check_others_fine(w: World, healthy: str) -> None:
     assert await w.echo(healthy) == "alive\n"
-    listed = await w.rigs.list_rigs(w.admin, {"workspace": "default"})
+    listed = await w.api.call("rig.list", w.admin, {"workspace": "default"})
     assert {r["id"] for r in listed} >= {healthy}
     assert not w.manager_ended
 
@@ -89,7 +91,7 @@ async def test_a_machine_task_that_raises_fails_only_its_rig(world: World, kind:
     assert machine.closed
     await check_others_fine(world, healthy)
     # The failed rig can be retried and closed like any failed rig.
-    again = await world.rigs.retry(world.admin, {"rigId": victim})
+    again = await world.api.call("rig.retry", world.admin, {"rigId": victim})
     assert again["phase"] == "ready" and again["retryOf"] == victim
 
 
@@ -99,7 +101,7 @@ async def test_a_bug_while_coming_up_fails_only_that_rig(world: World) -> None:
     with pytest.raises(BackendError, match="fake restore bug"):
         await world.open()
     world.backend.fault = None
-    failed = [r for r in await world.rigs.list_rigs(world.admin, {"workspace": "default"})
+    failed = [r for r in await world.api.call("rig.list", world.admin, {"workspace": "default"})
               if r["phase"] == "failed"]
     assert len(failed) == 1 and "LookupError" in failed[0]["failure"]
     await check_others_fine(world, healthy)
@@ -135,7 +137,7 @@ async def test_a_failing_progress_write_fails_only_its_rig(world: World, monkeyp
 
 async def test_closing_a_rig_is_not_a_failure(world: World) -> None:
     rig_id, machine = await world.open()
-    closed = await world.rigs.close(world.admin, {"rigId": rig_id})
+    closed = await world.api.call("rig.close", world.admin, {"rigId": rig_id})
     assert closed["phase"] == "closed" and closed["closeReason"] == "requested"
     assert closed["failure"] is None and machine.closed
 

@@ -34,8 +34,10 @@ from netgate.usermode import (
     netdev,
     open_user_gate,
 )
+from rigd.backends.gates import NetworkConfig
 from rigd.backends.microvm_argv import SANDBOX as ROOTFUL_SANDBOX
-from rigd.backends.smolvm import NetworkConfig, SmolvmConfig, rig_argv
+from rigd.backends.qemu import QemuConfig
+from rigd.backends.smolvm import rig_argv
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets
 from rigd.model import Accel
@@ -97,20 +99,20 @@ def test_the_guest_is_told_slirps_addresses_and_to_resolve_over_tcp() -> None:
     assert "obsolete=deny" in SANDBOX and "resourcecontrol=deny" in SANDBOX
 
 
-def _config(tmp_path: Path, mode: str | None) -> SmolvmConfig:
+def _config(tmp_path: Path, mode: str | None) -> tuple[QemuConfig, TerminalAssets]:
     f = tmp_path / "x"
     f.write_bytes(b"x")
     assets = TerminalAssets(kernel=f, initrd=f, tools=f, oci_layout=tmp_path, image_digest="sha256:0",
                             kernel_release="6.1")
     net = None if mode is None else NetworkConfig(mode=mode, helper_python="/usr/bin/python3")
-    return SmolvmConfig(data_dir=tmp_path, accel=Accel.TCG, assets=assets, network=net, warm_starts=False)
+    return QemuConfig(data_dir=tmp_path, accel=Accel.TCG, network=net, warm_starts=False), assets
 
 
 def test_rig_argv_in_user_mode(tmp_path: Path) -> None:
     kw = {"memory_mb": 512, "vcpus": 1, "rig_dir": Path("/@rig"), "overlay": Path("/@disk"),
           "mac": "02:00:00:00:00:00"}
-    user = rig_argv(_config(tmp_path, "user"), **kw)  # type: ignore[arg-type]
-    gw = rig_argv(_config(tmp_path, "gateway"), tap_fd="@fd", **kw)  # type: ignore[arg-type]
+    user = rig_argv(*_config(tmp_path, "user"), **kw)  # type: ignore[arg-type]
+    gw = rig_argv(*_config(tmp_path, "gateway"), tap_fd="@fd", **kw)  # type: ignore[arg-type]
     nd = user[user.index("-netdev") + 1]
     assert nd.startswith("user,id=net0,restrict=on,ipv6=off,") and "/@rig/net.sock" in nd
     assert "fd=" not in nd

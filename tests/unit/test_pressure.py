@@ -14,6 +14,7 @@ import trio
 from rigd.backends.fake import FakeBackend
 from rigd.errors import Conflict, Forbidden
 from rigd.model import Accel, Surface
+from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
 from rigd.store.aio import Stores
 
@@ -45,21 +46,22 @@ class World:
             self.stores, {Surface.TERMINAL: self.terminal, Surface.COMPUTER: self.computer},
             accel=Accel.TCG, clock=self.clock, memory_budget_mb=budget, tick_s=3600,
         )
+        self.api = RigApi(self.rigs)
 
     async def open(self, caller: Caller | None = None, **params: Any) -> dict[str, Any]:
-        return await self.rigs.open(caller or self.agent,
+        return await self.api.call("rig.open", caller or self.agent,
                                     {"workspace": "default", "surface": "terminal", **params})
 
     async def exec(self, rig_id: str, caller: Caller | None = None) -> dict[str, Any]:
-        return await self.rigs.act(caller or self.agent, {
+        return await self.api.call("rig.act", caller or self.agent, {
             "rigId": rig_id, "tool": "terminal_use",
             "action": {"action": "exec", "argv": ["echo", "hi"]}})
 
     async def phase(self, rig_id: str) -> str:
-        return str((await self.rigs.get(self.person, {"rigId": rig_id}))["phase"])
+        return str((await self.api.call("rig.get", self.person, {"rigId": rig_id}))["phase"])
 
     async def events(self) -> list[dict[str, Any]]:
-        return await self.rigs.events_since(self.person, {"workspace": "default"})
+        return await self.api.call("rig.events", self.person, {"workspace": "default"})
 
     async def tick(self, seconds: float) -> None:
         self.clock.now += seconds
@@ -96,12 +98,12 @@ async def test_idle_parks_an_action_wakes_then_twice_idle_reaps(world: World) ->
     assert world.terminal.machines[0].parked
     result = await world.exec(rig["id"])
     assert result["exitCode"] == 0 and not world.terminal.machines[0].parked
-    got = await world.rigs.get(world.person, {"rigId": rig["id"]})
+    got = await world.api.call("rig.get", world.person, {"rigId": rig["id"]})
     assert got["phase"] == "ready" and got["phaseDetail"] == "woken by an action"
     await world.tick(119)
     assert await world.phase(rig["id"]) == "parked"
     await world.tick(2)
-    got = await world.rigs.get(world.person, {"rigId": rig["id"]})
+    got = await world.api.call("rig.get", world.person, {"rigId": rig["id"]})
     assert got["phase"] == "closed" and got["closeReason"] == "idleTimeout"
     reaped = [e for e in await world.events() if e["type"] == "RigReaped"]
     assert reaped == [{**reaped[0], "reason": "idleTimeout", "agent": world.agent.user.id}]
@@ -112,42 +114,42 @@ async def test_watch_and_terminal_pin_but_ttl_still_applies(world: World) -> Non
     pinned = await world.open(idleS=60, ttlS=600)
     world.rigs.live[pinned["id"]].terminals = 1
     for _ in range(20):
-        await world.rigs.watch(world.person, {"rigId": watched["id"]})
+        await world.api.call("rig.watch", world.person, {"rigId": watched["id"]})
         await world.tick(9)
     assert await world.phase(watched["id"]) == "ready"
     assert await world.phase(pinned["id"]) == "ready"
     await world.tick(15)  # the last watch lapsed; 195 s without an action is past 2 x 60
     assert await world.phase(watched["id"]) == "closed"
     await world.tick(600)
-    got = await world.rigs.get(world.person, {"rigId": pinned["id"]})
+    got = await world.api.call("rig.get", world.person, {"rigId": pinned["id"]})
     assert got["closeReason"] == "ttlExpired"
 
 
 async def test_person_control_refuses_other_state_changes_not_observations(world: World) -> None:
     rig = await world.open(surface="computer")
     with pytest.raises(Forbidden):
-        await world.rigs.control(world.agent, {"rigId": rig["id"], "op": "take"})
-    taken = await world.rigs.control(world.person, {"rigId": rig["id"], "op": "take"})
+        await world.api.call("rig.control", world.agent, {"rigId": rig["id"], "op": "take"})
+    taken = await world.api.call("rig.control", world.person, {"rigId": rig["id"], "op": "take"})
     assert taken["controller"]["kind"] == "person" and taken["controller"]["id"] == world.person.user.id
     with pytest.raises(Conflict) as refused:
-        await world.rigs.act(world.agent, {"rigId": rig["id"], "tool": "computer_use",
+        await world.api.call("rig.act", world.agent, {"rigId": rig["id"], "tool": "computer_use",
                                            "action": {"action": "left_click", "coordinate": [5, 5]}})
     assert "a person is driving" in refused.value.message
     with pytest.raises(Conflict):
-        await world.rigs.control(world.other_person, {"rigId": rig["id"], "op": "take"})
-    seen = await world.rigs.act(world.agent, {"rigId": rig["id"], "tool": "computer_use",
+        await world.api.call("rig.control", world.other_person, {"rigId": rig["id"], "op": "take"})
+    seen = await world.api.call("rig.act", world.agent, {"rigId": rig["id"], "tool": "computer_use",
                                               "action": {"action": "screenshot"}})
     assert seen == {"performed": "screenshot"}
-    mine = await world.rigs.act(world.person, {"rigId": rig["id"], "tool": "computer_use",
+    mine = await world.api.call("rig.act", world.person, {"rigId": rig["id"], "tool": "computer_use",
                                                "action": {"action": "left_click", "coordinate": [5, 5]}})
     assert mine == {"performed": "left_click"}
-    log = await world.rigs.actions(world.person, {"rigId": rig["id"]})
+    log = await world.api.call("rig.log", world.person, {"rigId": rig["id"]})
     assert [(a["verb"], a["outcome"]) for a in log[-4:]] == [
         ("control_take", "ok"), ("left_click", "refused"), ("screenshot", "ok"), ("left_click", "ok")]
-    listed = await world.rigs.list_rigs(world.agent, {"workspace": "default"})
+    listed = await world.api.call("rig.list", world.agent, {"workspace": "default"})
     assert listed[0]["controller"]["kind"] == "person"
-    await world.rigs.control(world.person, {"rigId": rig["id"], "op": "release"})
-    assert (await world.rigs.act(world.agent, {"rigId": rig["id"], "tool": "computer_use",
+    await world.api.call("rig.control", world.person, {"rigId": rig["id"], "op": "release"})
+    assert (await world.api.call("rig.act", world.agent, {"rigId": rig["id"], "tool": "computer_use",
             "action": {"action": "left_click", "coordinate": [5, 5]}})) == {"performed": "left_click"}
     controls = [e for e in await world.events() if e["type"] == "RigControlChanged"]
     assert [e["why"] for e in controls] == ["taken", "released"]
@@ -155,9 +157,9 @@ async def test_person_control_refuses_other_state_changes_not_observations(world
 
 async def test_control_lease_lapses(world: World) -> None:
     rig = await world.open()
-    await world.rigs.control(world.person, {"rigId": rig["id"], "op": "take"})
+    await world.api.call("rig.control", world.person, {"rigId": rig["id"], "op": "take"})
     await world.tick(14 * 60)
-    await world.rigs.watch(world.person, {"rigId": rig["id"]})  # a heartbeat renews it
+    await world.api.call("rig.watch", world.person, {"rigId": rig["id"]})  # a heartbeat renews it
     await world.tick(14 * 60)
     with pytest.raises(Conflict):
         await world.exec(rig["id"])
@@ -179,12 +181,12 @@ async def test_memory_budget_evicts_lru_and_refuses_when_all_pinned(small: World
     small.terminal.machines[2].rss_mb = 300
     d = await small.open(memoryMb=400)  # needs room: a is least recently used
     assert await small.phase(a["id"]) == "closed"
-    got = await small.rigs.get(small.person, {"rigId": a["id"]})
+    got = await small.api.call("rig.get", small.person, {"rigId": a["id"]})
     assert got["closeReason"] == "idleTimeout"
     reaped = [e for e in await small.events() if e["type"] == "RigReaped"]
     assert reaped[0]["rigId"] == a["id"] and "budget" in reaped[0]["why"]
     for rig in (b, c, d):
-        await small.rigs.watch(small.person, {"rigId": rig["id"]})
+        await small.api.call("rig.watch", small.person, {"rigId": rig["id"]})
     small.terminal.machines[3].rss_mb = 300
     with pytest.raises(Conflict) as refused:
         await small.open(memoryMb=400)
@@ -194,25 +196,25 @@ async def test_memory_budget_evicts_lru_and_refuses_when_all_pinned(small: World
 
 async def test_events_are_persisted_in_order_and_opening_is_not_one(world: World) -> None:
     rig = await world.open()
-    await world.rigs.close(world.agent, {"rigId": rig["id"]})
+    await world.api.call("rig.close", world.agent, {"rigId": rig["id"]})
     events = await world.events()
     assert [e["type"] for e in events] == ["RigPhaseChanged", "RigPhaseChanged", "RigPhaseChanged",
                                            "RigClosedEvent"]
     assert [e["phase"] for e in events[:3]] == ["ready", "closing", "closed"]
     assert events[-1]["reason"] == "requested"
     assert [e["id"] for e in events] == sorted(e["id"] for e in events)
-    assert await world.rigs.events_since(world.person, {"workspace": "default",
+    assert await world.api.call("rig.events", world.person, {"workspace": "default",
                                                         "afterId": events[1]["id"]}) == events[2:]
 
 
 async def test_conversation_end_and_workspace_gone(world: World) -> None:
     a = await world.open(conversation="c1")
     b = await world.open(conversation="c2")
-    ended = await world.rigs.end_conversation(world.agent, {"workspace": "default", "conversation": "c1"})
+    ended = await world.api.call("conversation.end", world.agent, {"workspace": "default", "conversation": "c1"})
     assert ended == {"closed": [a["id"]]}
-    assert (await world.rigs.get(world.person, {"rigId": a["id"]}))["closeReason"] == "conversationEnded"
+    assert (await world.api.call("rig.get", world.person, {"rigId": a["id"]}))["closeReason"] == "conversationEnded"
     assert await world.rigs.close_workspace(world.ws.id) == [b["id"]]
-    assert (await world.rigs.get(world.person, {"rigId": b["id"]}))["closeReason"] == "workspaceGone"
+    assert (await world.api.call("rig.get", world.person, {"rigId": b["id"]}))["closeReason"] == "workspaceGone"
 
 
 async def test_retry_boots_a_fresh_machine(world: World) -> None:
@@ -221,14 +223,14 @@ async def test_retry_boots_a_fresh_machine(world: World) -> None:
     with trio.fail_after(5):
         while await world.phase(rig["id"]) != "failed":
             await trio.sleep(0.01)
-    failed = await world.rigs.get(world.person, {"rigId": rig["id"]})
+    failed = await world.api.call("rig.get", world.person, {"rigId": rig["id"]})
     assert failed["consoleTail"] == "fake console\n"
-    fresh = await world.rigs.retry(world.agent, {"rigId": rig["id"]})
+    fresh = await world.api.call("rig.retry", world.agent, {"rigId": rig["id"]})
     assert fresh["retryOf"] == rig["id"] and fresh["id"] != rig["id"] and fresh["phase"] == "ready"
     assert fresh["conversation"] == "c9"
     assert await world.phase(rig["id"]) == "closed"
     with pytest.raises(Conflict):
-        await world.rigs.retry(world.agent, {"rigId": fresh["id"]})
+        await world.api.call("rig.retry", world.agent, {"rigId": fresh["id"]})
     # A plain open in the conversation reuses the fresh one, never the failed.
     again = await world.open(conversation="c9")
     assert again["id"] == fresh["id"]

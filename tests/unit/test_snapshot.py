@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from rigd.backends.base import MachineSpec
 from rigd.backends.microvm_argv import microvm_argv
-from rigd.backends.smolvm import SmolvmBackend, SmolvmConfig
+from rigd.backends.qemu import QemuConfig
+from rigd.backends.smolvm import TerminalRecipe
 from rigd.backends.snapshot import (
     DISK_FILE,
     MAX_PER_PACK,
@@ -35,6 +37,7 @@ from rigd.backends.snapshot import (
     snapshot_material,
     warm_starts_enabled,
 )
+from rigd.backends.warm import plan_sync
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets
 from rigd.model import Accel
@@ -246,7 +249,7 @@ def test_a_new_pack_identity_prunes_the_old_snapshot_on_commit(tmp_path: Path) -
 
 
 @pytest.fixture
-def backend(tmp_path: Path) -> Iterator[tuple[SmolvmBackend, Path]]:
+def backend(tmp_path: Path) -> Iterator[tuple[TerminalRecipe, Path]]:
     cache = tmp_path / "cache"
     files = {}
     for name, key in (("vmlinux", "k1"), ("initrd.img", "i1"), ("tools.img", "t1")):
@@ -259,17 +262,21 @@ def backend(tmp_path: Path) -> Iterator[tuple[SmolvmBackend, Path]]:
     pack.mkdir(parents=True)
     rootfs = pack / "rootfs.img"
     rootfs.write_bytes(b"ext4")
-    config = SmolvmConfig(data_dir=tmp_path / "data", accel=Accel.TCG, assets=assets, warm_starts=True)
-    be = SmolvmBackend(config, ensure_pack=lambda _progress: rootfs)
-    yield be, rootfs
+    config = QemuConfig(data_dir=tmp_path / "data", accel=Accel.TCG, warm_starts=True)
+    yield TerminalRecipe(config, assets, rootfs), rootfs
 
 
-def plan_key(be: SmolvmBackend, rootfs: Path, memory_mb: int = 512, vcpus: int = 2,
+def warm(recipe: TerminalRecipe, memory_mb: int = 512, vcpus: int = 2, version: str = "QEMU 7.2") -> Any:
+    spec = MachineSpec(rig_id="rig_x", surface=recipe.surface, memory_mb=memory_mb, vcpus=vcpus)
+    return plan_sync(recipe, spec, version, {"ino": 1, "size": 1, "mtimeNs": 1})
+
+
+def plan_key(be: TerminalRecipe, rootfs: Path, memory_mb: int = 512, vcpus: int = 2,
              version: str = "QEMU 7.2") -> str:
-    return be._warm_plan_sync(memory_mb, vcpus, rootfs, version, {"ino": 1, "size": 1, "mtimeNs": 1}).key
+    return str(warm(be, memory_mb, vcpus, version).key)
 
 
-def test_the_backend_key_follows_pack_shape_qemu_and_tools(backend: tuple[SmolvmBackend, Path]) -> None:
+def test_the_backend_key_follows_pack_shape_qemu_and_tools(backend: tuple[TerminalRecipe, Path]) -> None:
     be, rootfs = backend
     key = plan_key(be, rootfs)
     assert plan_key(be, rootfs) == key
@@ -282,25 +289,25 @@ def test_the_backend_key_follows_pack_shape_qemu_and_tools(backend: tuple[Smolvm
     pack_changed = plan_key(be, rootfs)
     assert pack_changed != key
     # A new tools disk (a new agent) has a new content key.
-    tools = be.config.assets.tools
+    tools = be.assets.tools
     new_tools = tools.parent.parent / "t2" / "tools.img"
     new_tools.parent.mkdir()
     new_tools.write_bytes(b"tools.img")
-    be.config.assets = dataclasses.replace(be.config.assets, tools=new_tools)
+    be = dataclasses.replace(be, assets=dataclasses.replace(be.assets, tools=new_tools))
     assert plan_key(be, rootfs) != pack_changed
 
 
 def test_a_simulated_pack_change_makes_the_old_snapshot_unused_then_pruned(
-    backend: tuple[SmolvmBackend, Path],
+    backend: tuple[TerminalRecipe, Path],
 ) -> None:
     be, rootfs = backend
-    plan = be._warm_plan_sync(512, 2, rootfs, "QEMU 7.2", {"ino": 1, "size": 1, "mtimeNs": 1})
+    plan = warm(be)
     assert plan.snapshot is None and plan.store.root == rootfs.parent / "snapshots"
     build(plan.store, plan.key, plan.material)
-    again = be._warm_plan_sync(512, 2, rootfs, "QEMU 7.2", {"ino": 1, "size": 1, "mtimeNs": 1})
+    again = warm(be)
     assert again.snapshot is not None and again.snapshot.key == plan.key
     os.utime(rootfs, ns=(1, 1))  # the pack changed under the same name
-    changed = be._warm_plan_sync(512, 2, rootfs, "QEMU 7.2", {"ino": 1, "size": 1, "mtimeNs": 1})
+    changed = warm(be)
     assert changed.key != plan.key and changed.snapshot is None
     build(changed.store, changed.key, changed.material)
     assert changed.store.prune(changed.material) == [plan.key]

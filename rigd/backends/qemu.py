@@ -1,0 +1,642 @@
+"""One QEMU process and everything that belongs to it: :class:`QemuMachine`.
+
+A machine owns its QEMU (started confined as the rig's uid, see
+:mod:`rigd.backends.confine`), its QMP connection, its guest-agent channel,
+its serial console and QEMU's stderr, the hand-off of its egress gate, its
+own nursery (every reader and pump runs there) and its teardown. What a
+surface adds — the argv, the image, readiness beyond the agent's hello, the
+verbs — comes from the machine's :class:`~rigd.backends.recipe.BootRecipe`
+and the :class:`~rigd.backends.recipe.Driver` the recipe makes for it.
+
+Use :func:`open_qemu_machine`: entering makes the machine (nothing runs yet;
+call :meth:`QemuMachine.boot` or :meth:`QemuMachine.restore`), leaving tears
+it down — QMP ``quit`` → SIGTERM → SIGKILL, each with a deadline, inside a
+shielded scope — and writes its evidence (console, QMP transcript, stderr)
+when the operator asked for it. An error from the caller's body leaves
+unwrapped; an error from one of the machine's own tasks leaves as the
+nursery's group, for the rig's failure boundary to read.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from netgate.gateway import close_fd
+from netgate.policy import Policy
+from netgate.usermode import SOCKET_NAME, UserGate
+from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
+from rigd.backends.confine import Identity, give
+from rigd.backends.gates import USER_SANDBOX, NetGate, NetworkConfig
+from rigd.backends.guest_client import GuestConnection, iterate
+from rigd.backends.microvm_argv import SANDBOX
+from rigd.backends.procs import proc_start_ticks, resident_mb
+from rigd.backends.qmp_client import QMPConnection
+from rigd.backends.recipe import BootRecipe, Driver, RigPaths
+from rigd.backends.ring import Ring
+from rigd.backends.snapshot import (
+    Snapshot,
+    load_memory,
+    rig_mac,
+    rig_machine_id,
+    save_memory,
+    warm_starts_enabled,
+)
+from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
+from rigd.model import Accel
+from rigd.protocols.guest import Stream
+
+if TYPE_CHECKING:
+    from rigd.protocols.input import Step
+    from rigd.verbs import Action
+
+
+def timeouts_for(accel: Accel) -> tuple[float, float]:
+    """(boot deadline, per-reply grace) in seconds; TCG is 10-50x slower.
+
+    The grace is what a reply may take beyond the work's own time limit (the
+    agent enforces an exec's timeout itself and answers at once).
+    """
+    if accel is Accel.TCG:
+        return 180.0, 15.0
+    return 60.0, 5.0
+
+
+#: How long a warm start may take before the rig boots cold instead (it
+#: normally takes well under a second, also under TCG).
+RESTORE_DEADLINE_S = 30.0
+
+
+@dataclass(slots=True)
+class QemuConfig:
+    """What every QEMU machine of a server shares."""
+
+    data_dir: Path
+    #: The server's accelerator (a computer rig may name another through its backend).
+    accel: Accel
+    qemu: str = "qemu-system-x86_64"
+    qemu_img: str = "qemu-img"
+    zstd: str = "zstd"
+    #: Restore rigs from memory snapshots (``RIGD_WARM_STARTS=0`` turns it off).
+    warm_starts: bool = dataclasses.field(default_factory=warm_starts_enabled)
+    #: Give every rig a NIC behind its own egress gateway (None: no network at all).
+    network: NetworkConfig | None = None
+
+
+@asynccontextmanager
+async def open_qemu_machine(
+    *, spec: MachineSpec, recipe: BootRecipe, config: QemuConfig, identity: Identity,
+    paths: RigPaths, gateway: NetGate | None, log: logging.Logger,
+    on_started: Callable[[int, int | None], None] | None = None,
+) -> AsyncIterator[QemuMachine]:
+    """A machine with its own nursery, torn down (and its evidence kept) on the way out."""
+    body_error: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        machine = QemuMachine(spec=spec, recipe=recipe, config=config, identity=identity,
+                              paths=paths, gateway=gateway, log=log, nursery=nursery)
+        machine.on_started = on_started
+        try:
+            yield machine
+        except Exception as exc:
+            # Raised below, outside the nursery: inside it the caller's own
+            # error would come back wrapped in an ExceptionGroup.
+            body_error = exc
+        finally:
+            await machine.shutdown()
+            nursery.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error
+
+
+async def run_quiet(argv: list[str], *, what: str) -> None:
+    try:
+        result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+    except OSError as exc:
+        raise BackendError(f"{what}: cannot run {argv[0]}: {exc.strerror}") from exc
+    if result.returncode != 0:
+        err = result.stderr.decode("utf-8", "replace").strip()[-500:]
+        raise BackendError(f"{what} failed: {err}")
+
+
+async def make_overlay(qemu_img: str, overlay: Path, backing: Path, fmt: str, identity: Identity) -> None:
+    """A thin qcow2 over ``backing``, owned by the rig's uid."""
+    await run_quiet(
+        [qemu_img, "create", "-q", "-f", "qcow2", "-F", fmt,
+         "-b", str(await trio.Path(backing).resolve()), str(overlay)],
+        what="creating the disk overlay",
+    )
+    give(overlay, identity, 0o600)
+
+
+class QemuMachine:
+    def __init__(
+        self,
+        *,
+        spec: MachineSpec,
+        recipe: BootRecipe,
+        config: QemuConfig,
+        identity: Identity,
+        paths: RigPaths,
+        log: logging.Logger,
+        nursery: trio.Nursery,
+        gateway: NetGate | None = None,
+    ) -> None:
+        self.spec = spec
+        self.recipe = recipe
+        self.gateway = gateway
+        self.config = config
+        self.identity = identity
+        self.paths = paths
+        self.rig_dir = paths.rig_dir
+        self.overlay = paths.overlay
+        self.log = log
+        self._nursery = nursery
+        self.console = Ring(64 * 1024)
+        self.stderr = Ring(16 * 1024)
+        self.proc: trio.Process | None = None
+        self.qmp: QMPConnection | None = None
+        self.guest: GuestConnection | None = None
+        self._exited = trio.Event()
+        self._stderr_done = trio.Event()
+        self._shutting_down = False
+        who = recipe.identity(spec)
+        self.accel = who.accel
+        _boot, self.grace = timeouts_for(who.accel)
+        self.boot_deadline = recipe.boot_deadline_s(spec)
+        self.guest_kernel: str | None = None
+        #: The agent's last ``hello`` answer (protocol, features, display).
+        self.hello: dict[str, Any] = {}
+        #: Called with (pid, start ticks) as soon as QEMU runs (snapshot builds record it).
+        self.on_started: Callable[[int, int | None], None] | None = None
+        confinement = identity.describe()
+        confinement["seccomp"] = USER_SANDBOX if isinstance(gateway, UserGate) else SANDBOX
+        self.info = MachineInfo(
+            backend=who.backend, accel=who.accel, pid=None, pid_start_ticks=None,
+            image=who.image, confinement=confinement, security_boundary=who.accel is not Accel.TCG,
+        )
+        self.driver: Driver = recipe.driver(self)
+
+    # -- boot ---------------------------------------------------------------
+
+    def argv(self, *, incoming: bool = False, tap_fd: int | None = None) -> list[str]:
+        return self.recipe.argv(self.spec, self.paths, mac=rig_mac(self.spec.rig_id),
+                                incoming=incoming, tap_fd=tap_fd)
+
+    async def _start_qemu(self, *, incoming: bool = False) -> None:
+        ident = self.identity
+        extra: dict[str, Any] = {}
+        if ident.per_rig:
+            extra = {"user": ident.uid, "group": ident.gid, "extra_groups": list(ident.extra_groups)}
+        # The gateway makes the tap inside its namespace; QEMU only gets the fd. In user
+        # mode QEMU's relay helpers hand connections over on a socket in the rig's directory.
+        tap_fd = None
+        if isinstance(self.gateway, UserGate):
+            await self.gateway.listen(self.rig_dir / SOCKET_NAME, owner_uid=ident.uid)
+        elif self.gateway is not None:
+            tap_fd = await self.gateway.open_tap_fd()
+        argv = self.argv(incoming=incoming, tap_fd=tap_fd)
+        try:
+            self.proc = await trio.lowlevel.open_process(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, start_new_session=True, cwd=str(self.rig_dir),
+                pass_fds=(tap_fd,) if tap_fd is not None else (), **extra,
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot start QEMU ({argv[0]}): {exc.strerror}") from exc
+        finally:
+            if tap_fd is not None:
+                close_fd(tap_fd)
+        self.info = dataclasses.replace(
+            self.info, pid=self.proc.pid, pid_start_ticks=proc_start_ticks(self.proc.pid)
+        )
+        self.log.info("qemu started", extra={"pid": self.proc.pid})
+        if self.on_started is not None:
+            self.on_started(self.proc.pid, self.info.pid_start_ticks)
+        self._nursery.start_soon(self._watch_process)
+        self._nursery.start_soon(self._pump_stderr)
+
+    async def _connect(self) -> None:
+        """QMP (negotiated), the console pump and the agent channel."""
+        await self._wait_sockets()
+        self.qmp = await QMPConnection.connect(self.paths.qmp, log=self.log)
+        await self._nursery.start(self.qmp.run)
+        await self.qmp.handshake(timeout=30)
+        await self._nursery.start(self._pump_console)
+        stream = await trio.open_unix_socket(str(self.paths.agent))
+        self.guest = GuestConnection(stream, log=self.log)
+        await self._nursery.start(self.guest.run)
+
+    async def boot(self, progress: Callable[[str], None], *, personalize: bool = True) -> None:
+        """Cold boot: the kernel starts from scratch; returns when the surface is ready."""
+        started = trio.current_time()
+        await self._start_qemu()
+        with trio.move_on_after(self.boot_deadline) as deadline:
+            await self._connect()
+            progress("waiting for the guest agent")
+            await self._hello()
+            if personalize:
+                await self._personalize(warm=False)
+        if deadline.cancelled_caught:
+            raise BackendError(
+                f"the guest agent did not come up within {int(self.boot_deadline)} s",
+                console=self.console_tail(2048),
+            )
+        left = self.boot_deadline - (trio.current_time() - started)
+        await self.driver.ready(progress, warm=False, left_s=left)
+
+    async def restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
+        """Warm start: QEMU waits for a migration stream; the host feeds it the snapshot."""
+        await self._start_qemu(incoming=True)
+        try:
+            with trio.move_on_after(RESTORE_DEADLINE_S) as deadline:
+                await self._restore(progress, snapshot)
+        except BackendError as exc:
+            # QEMU exits when it cannot load a stream; its stderr says why.
+            with trio.move_on_after(1):
+                await self._exited.wait()
+                await self._stderr_done.wait()
+            if self._exited.is_set():
+                raise BackendError(f"QEMU exited while restoring: {self._death_reason()}") from exc
+            raise
+        if deadline.cancelled_caught:
+            raise BackendError(f"restoring the snapshot took over {int(RESTORE_DEADLINE_S)} s")
+        if self._exited.is_set():
+            raise BackendError(f"QEMU exited while restoring: {self._death_reason()}")
+        self.info = dataclasses.replace(self.info, boot="warm")
+        await self.driver.ready(progress, warm=True, left_s=self.boot_deadline)
+
+    async def _restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
+        await self._connect()
+        assert self.qmp is not None
+        t0 = time.monotonic()
+        await load_memory(self.qmp, listen=self.rig_dir / "migrate.sock", memory=snapshot.memory,
+                          zstd=self.config.zstd)
+        loaded_s = time.monotonic() - t0
+        await self.qmp.execute("cont", timeout=self.grace)
+        progress("waiting for the guest agent")
+        hello = await self._hello()
+        await self._personalize(warm=True)
+        self.log.info("restored", extra={
+            "snapshot": snapshot.key, "load_s": round(loaded_s, 3),
+            "clock_skew_s": hello.get("clockSkewS"), "clock_set": hello.get("clockSet"),
+        })
+
+    async def _personalize(self, *, warm: bool) -> None:
+        """Give the guest its own machine-id, entropy and MAC (a clone shares the
+        snapshot's), and its gateway's CA when the broker may intercept TLS."""
+        guest = self.guest
+        assert guest is not None
+        if self.gateway is not None and self.gateway.ca_pem is not None:
+            await self._trust_ca(self.gateway.ca_pem)
+        rig_id = self.spec.rig_id
+        try:
+            body = await guest.request(
+                "reseed", timeout=self.grace, machineId=rig_machine_id(rig_id),
+                entropy=base64.b64encode(os.urandom(64)).decode(), mac=rig_mac(rig_id),
+            )
+        except GuestError as exc:
+            if warm:
+                raise BackendError(f"the restored guest could not be made unique: {exc.message}") from exc
+            self.log.warning("reseed failed", extra={"reason": exc.message[:200]})
+            return
+        problems = [f"{k}: {v}" for k, v in body.items() if k.endswith("Error")]
+        # An image without /etc has no machine-id to share; a failed write, or an
+        # RNG left as the snapshot had it, would leave this clone a twin.
+        if warm and (not body.get("crngReseeded") or "machineIdError" in body):
+            raise BackendError("the restored guest could not be made unique: " + ("; ".join(problems) or
+                                                                                  "the RNG was not reseeded"))
+        if problems:
+            self.log.warning("reseed incomplete", extra={"reason": "; ".join(problems)[:300]})
+
+    async def _trust_ca(self, pem: str) -> None:
+        """Install the rig's broker CA in the guest's trust store (only that CA;
+        it signs leaves only for the hosts whose secrets the gateway injects)."""
+        script = (
+            "mkdir -p /usr/local/share/ca-certificates && "
+            "cat > /usr/local/share/ca-certificates/rigd-gateway.crt && "
+            "{ update-ca-certificates >/dev/null 2>&1 || "
+            "cat /usr/local/share/ca-certificates/rigd-gateway.crt >> /etc/ssl/certs/ca-certificates.crt; }"
+        )
+        result = await self.exec(["/bin/sh", "-c", script], cwd=None, env=None,
+                                 stdin=pem.encode(), timeout_s=60, max_output=4096)
+        if result.exit_code != 0:
+            self.log.warning("could not install the gateway CA in the guest",
+                             extra={"stderr": result.stderr[-200:].decode(errors="replace")})
+
+    def set_egress(self, policy: Policy) -> None:
+        if self.gateway is None:
+            raise BackendError("this rig has no network (the server runs with --network none)")
+        self.gateway.set_allowlist(policy)
+
+    def network_info(self) -> dict[str, Any]:
+        if self.gateway is None:
+            return {"mode": "none"}
+        if isinstance(self.gateway, UserGate):
+            return {"mode": "user", "allow": list(self.gateway.policy.allow),
+                    "brokered": self.gateway.ca_pem is not None, **self.gateway.describe()}
+        return {"mode": "gateway", "allow": list(self.gateway.policy.allow),
+                "brokered": self.gateway.ca_pem is not None}
+
+    async def save(self, out: Path) -> int:
+        """Stop the machine and write its state to ``out``; return the bytes QEMU sent.
+
+        The guest syncs its disks first, so the snapshot's disk holds what its
+        page cache says; the agent channel stays connected, so the restored
+        agent is blocked in a read and answers the first hello at once.
+        """
+        guest, qmp = self.guest, self.qmp
+        assert guest is not None and qmp is not None
+        await guest.request("exec", timeout=30 + self.grace, argv=["sync"], timeoutMs=30_000)
+        await qmp.execute("stop", timeout=self.grace)
+        with trio.fail_after(120):
+            return await save_memory(qmp, listen=self.rig_dir / "save.sock", owner=self.identity,
+                                     out=out, zstd=self.config.zstd)
+
+    async def _wait_sockets(self) -> None:
+        names = ("qmp.sock", "agent.sock", "console.sock")
+        while not all((self.rig_dir / n).exists() for n in names):
+            if self._exited.is_set():
+                raise BackendError(f"QEMU exited while starting: {self._death_reason()}")
+            await trio.sleep(0.01)
+
+    async def _hello(self) -> dict[str, Any]:
+        """Say hello until the agent answers; return its answer.
+
+        The agent announces itself with a ``ready`` line when it opens its
+        port; a hello sent before that may sit unread or be lost, so a ready
+        line cuts the current attempt short and a fresh hello goes at once.
+        """
+        guest = self.guest
+        assert guest is not None
+        answer: list[dict[str, Any]] = []
+
+        async def attempt(done: trio.CancelScope) -> None:
+            with contextlib.suppress(GuestError):
+                answer.append(await guest.request("hello", timeout=1.0, time=time.time()))
+            done.cancel()
+
+        async def on_ready(tick: trio.Event, done: trio.CancelScope) -> None:
+            await tick.wait()
+            done.cancel()
+
+        while not answer:
+            if self._exited.is_set():
+                raise BackendError(f"QEMU exited during boot: {self._death_reason()}")
+            if guest.closed:
+                raise BackendError("the guest agent channel closed during boot")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(attempt, nursery.cancel_scope)
+                nursery.start_soon(on_ready, guest.ready_tick(), nursery.cancel_scope)
+        self.hello = answer[0]
+        kernel = answer[0].get("kernel")
+        self.guest_kernel = kernel[:300] if isinstance(kernel, str) else None
+        return answer[0]
+
+    async def _watch_process(self) -> None:
+        assert self.proc is not None
+        await self.proc.wait()
+        self._exited.set()
+        if not self._shutting_down:
+            self.log.warning("qemu exited", extra={"returncode": self.proc.returncode})
+
+    async def _pump_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        try:
+            async with self.proc.stderr:
+                while True:
+                    data = await self.proc.stderr.receive_some(4096)
+                    if not data:
+                        return
+                    self.stderr.feed(data)
+        finally:
+            self._stderr_done.set()
+
+    async def _pump_console(self, *, task_status: trio.TaskStatus[None]) -> None:
+        stream = await trio.open_unix_socket(str(self.rig_dir / "console.sock"))
+        task_status.started()
+        async with stream:
+            while True:
+                try:
+                    data = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                self.console.feed(data)
+
+    def _death_reason(self) -> str:
+        code = None if self.proc is None else self.proc.returncode
+        if code is not None and code < 0:
+            try:
+                what = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                what = f"killed by signal {-code}"
+        else:
+            what = f"exit status {code}"
+        err = self.stderr.tail(400).strip()
+        return what + (f"; QEMU said: {err}" if err else "")
+
+    # -- the Machine interface ----------------------------------------------
+
+    async def wait_failed(self) -> str:
+        await self._exited.wait()
+        return f"QEMU {self._death_reason()}"
+
+    def console_tail(self, max_bytes: int = 4096) -> str:
+        return self.console.tail(max_bytes)
+
+    @property
+    def display(self) -> tuple[int, int] | None:
+        return self.driver.display
+
+    async def perform(self, action: Action) -> dict[str, Any]:
+        return await self.driver.perform(action)
+
+    async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
+                    mark_cursor: bool = True) -> Frame:
+        return await self.driver.still(max_w=max_w, max_h=max_h, fmt=fmt, quality=quality,
+                                       mark_cursor=mark_cursor)
+
+    async def send_input(self, steps: Sequence[Step]) -> None:
+        await self.driver.send_input(steps)
+
+    async def park(self) -> None:
+        if self.qmp is None:
+            raise BackendError("the machine is not running")
+        await self.qmp.execute("stop", timeout=self.grace)
+
+    async def wake(self) -> None:
+        if self.qmp is None:
+            raise BackendError("the machine is not running")
+        await self.qmp.execute("cont", timeout=self.grace)
+
+    def resident_mb(self) -> int:
+        return 0 if self.proc is None else resident_mb(self.proc.pid)
+
+    def channel_stats(self) -> dict[str, int]:
+        if self.guest is None:
+            return {}
+        s = self.guest.stats
+        return {"garbageEvents": s.garbage_events, "garbageBytes": s.garbage_bytes,
+                "orphanReplies": s.orphan_replies, "agentRestarts": max(0, s.ready_lines - 1)}
+
+    def channel(self) -> GuestConnection:
+        """The agent channel of a running machine (a BackendError otherwise)."""
+        if self.guest is None or self.guest.closed or self._exited.is_set():
+            raise BackendError("the machine is not running")
+        return self.guest
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+        timeout_s: float,
+        max_output: int,
+    ) -> ExecResult:
+        guest = self.channel()
+        out = bytearray()
+        err = bytearray()
+        trunc = {1: False, 2: False}
+
+        def on_stream(event: Stream) -> None:
+            if event.name != "out":
+                return
+            fd = event.body.get("fd")
+            buf = out if fd == 1 else err if fd == 2 else None
+            if buf is None or event.data is None:
+                return
+            room = max_output - len(buf)
+            if len(event.data) > room:
+                trunc[1 if buf is out else 2] = True
+            if room > 0:
+                buf += event.data[:room]
+
+        fields: dict[str, Any] = {
+            "argv": list(argv), "timeoutMs": int(timeout_s * 1000), "maxOutput": max_output,
+        }
+        if cwd is not None:
+            fields["cwd"] = cwd
+        if env:
+            fields["env"] = dict(env)
+        if stdin is not None:
+            fields["stdin"] = base64.b64encode(stdin).decode()
+        try:
+            body = await guest.request(
+                "exec", timeout=timeout_s + self.grace, on_stream=on_stream, **fields
+            )
+        except GuestRefused as exc:
+            # The program or directory does not exist in the guest: the
+            # caller's argument, so name it.
+            field = "action.cwd" if exc.reason.startswith("cwd:") else "action.argv"
+            raise FieldError(field, f"the rig cannot run this: {exc.reason}") from exc
+        truncated = body.get("truncated")
+        truncated = truncated if isinstance(truncated, dict) else {}
+        return ExecResult(
+            exit_code=_int_or_none(body.get("exitCode")),
+            signal=_int_or_none(body.get("signal")),
+            timed_out=body.get("timedOut") is True,
+            stdout=bytes(out),
+            stderr=bytes(err),
+            stdout_truncated=trunc[1] or truncated.get("stdout") is True,
+            stderr_truncated=trunc[2] or truncated.get("stderr") is True,
+            duration_ms=_int_or_none(body.get("durationMs")) or 0,
+        )
+
+    @asynccontextmanager
+    async def open_pty(self, *, cols: int, rows: int) -> AsyncIterator[GuestPty]:
+        guest = self.channel()
+        body = await guest.request("pty_open", timeout=self.grace, cols=cols, rows=rows)
+        pty = _int_or_none(body.get("pty"))
+        if pty is None:
+            raise GuestError("guest agent answered pty_open without a pty handle")
+        session = GuestPty(guest, pty, self.grace)
+        try:
+            yield session
+        finally:
+            await session.aclose()
+
+    # -- teardown -------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop QEMU for good: quit → SIGTERM → SIGKILL, each with a deadline."""
+        self._shutting_down = True
+        with trio.CancelScope(shield=True):
+            if self.guest is not None:
+                await self.guest.aclose()
+            proc = self.proc
+            if proc is None:
+                return
+            if proc.returncode is None and self.qmp is not None:
+                with trio.move_on_after(3):
+                    with contextlib.suppress(BackendError):
+                        await self.qmp.send_only("quit")
+                    await proc.wait()
+            for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+                if proc.returncode is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, sig)
+                with trio.move_on_after(wait_s):
+                    await proc.wait()
+            if self.qmp is not None:
+                await self.qmp.aclose()
+            if proc.returncode is None:
+                raise RigdError(f"QEMU pid {proc.pid} survived SIGKILL")
+
+
+class GuestPty:
+    def __init__(self, guest: GuestConnection, pty: int, grace: float) -> None:
+        self._guest = guest
+        self.pty = pty
+        self._grace = grace
+        self._out = guest.open_pty_route(pty)
+        self._closed = False
+
+    async def write(self, data: bytes) -> None:
+        await self._guest.request(
+            "pty_in", timeout=self._grace, pty=self.pty, data=base64.b64encode(data).decode()
+        )
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._guest.request("pty_resize", timeout=self._grace, pty=self.pty, cols=cols, rows=rows)
+
+    def output(self) -> AsyncIterator[bytes]:
+        return iterate(self._out)
+
+    @property
+    def exit_status(self) -> dict[str, int | None] | None:
+        return self._guest.pty_exit(self.pty)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with (
+            trio.CancelScope(shield=True),
+            trio.move_on_after(self._grace),
+            contextlib.suppress(GuestError),
+        ):
+            await self._guest.request("pty_close", timeout=self._grace, pty=self.pty)
+        self._guest.drop_pty_route(self.pty)
+
+
+def _int_or_none(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return value
+    return None

@@ -1,0 +1,144 @@
+"""A rig while this server runs it, and who is calling: the values the rig
+manager and the RPC edge share, and the rig's own net-audit lane."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from netgate.policy import Policy
+from netgate.proxy import AuditEvent
+from rigd.backends.base import Machine
+from rigd.model import Phase
+from rigd.params import OpenParams
+from rigd.scheduler import RigState
+from rigd.store.server_db import User
+from rigd.store.workspace_db import RigRow, WorkspaceDB
+
+if TYPE_CHECKING:
+    from rigd.store.aio import Stores
+
+#: Gateway decisions waiting to be written to a rig's audit log.
+NET_AUDIT_BUFFER = 1000
+
+
+class Session(Protocol):
+    """The WebSocket session a call came on (for notifications)."""
+
+    def subscribe(self, workspace_id: str, channel: trio.MemoryReceiveChannel[dict[str, Any]]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    user: User
+    #: The WebSocket session the call came on, if any (for notifications).
+    session: Session | None = None
+
+    @property
+    def actor_kind(self) -> str:
+        return self.user.kind
+
+    @property
+    def actor_id(self) -> str:
+        return self.user.id
+
+
+@dataclass(slots=True)
+class LiveRig:
+    row: RigRow
+    db: WorkspaceDB
+    machine: Machine | None = None
+    scope: trio.CancelScope | None = None
+    settled: trio.Event = field(default_factory=trio.Event)
+    finished: trio.Event = field(default_factory=trio.Event)
+    close_lock: trio.Lock = field(default_factory=trio.Lock)
+    terminals: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    params: OpenParams | None = None
+    state_lock: trio.Lock = field(default_factory=trio.Lock)
+    busy: int = 0
+    last_active: float = 0.0
+    expires_at: float = float("inf")
+    watched_until: float | None = None
+    lease_until: float | None = None
+    last_agent: str | None = None
+    policy: Policy | None = None
+    net_audit: trio.MemorySendChannel[AuditEvent] | None = None
+    net_audit_dropped: int = 0
+    #: The rig's own nursery (net-audit writer, progress writes) while its task runs.
+    nursery: trio.Nursery | None = None
+    #: The console of the rig's last machine, for a failure after it is gone.
+    last_console: Callable[[int], str] | None = None
+
+    @property
+    def phase(self) -> Phase:
+        return Phase(self.row.phase)
+
+    @property
+    def person_controller(self) -> str | None:
+        """The person holding control, if a lease is in force."""
+        if self.row.controller_kind == "person" and self.lease_until is not None:
+            return self.row.controller_id
+        return None
+
+
+def rig_state(rig: LiveRig, now: float) -> RigState:
+    """What the scheduler's pure decisions see of a live rig."""
+    if rig.lease_until is not None and rig.lease_until <= now:
+        controlled = False
+    else:
+        controlled = rig.person_controller is not None
+    machine = rig.machine
+    resident = rig.row.memory_mb if machine is None else (machine.resident_mb() or rig.row.memory_mb)
+    return RigState(
+        id=rig.row.id, phase=rig.phase, last_active=rig.last_active,
+        expires_at=rig.expires_at, idle_s=rig.row.idle_s, resident_mb=resident,
+        terminals=rig.terminals, watched_until=rig.watched_until,
+        controlled_by_person=controlled, busy=rig.busy,
+    )
+
+
+# -- the gateway's decisions, into the rig's audit log ------------------------------
+
+
+def net_audit_sink(rig: LiveRig) -> Callable[[AuditEvent], None]:
+    def sink(event: AuditEvent) -> None:
+        # Called by the gateway, on the event loop; must not block. A guest
+        # flooding DNS cannot grow the server's memory: past the buffer,
+        # decisions are counted, not kept.
+        if rig.net_audit is None:
+            return
+        try:
+            rig.net_audit.send_nowait(event)
+        except trio.WouldBlock:
+            rig.net_audit_dropped += 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    return sink
+
+
+async def write_net_audit(stores: Stores, rig: LiveRig,
+                          receive: trio.MemoryReceiveChannel[AuditEvent]) -> None:
+    """The rig's own task: each gateway decision becomes an audit row (actor ``gateway``)."""
+    noted = 0
+    async with receive:
+        async for event in receive:
+            args = {k: v for k, v in dataclasses.asdict(event).items() if v not in (None, 0, 0.0)}
+            if rig.net_audit_dropped > noted:
+                args["droppedBefore"] = rig.net_audit_dropped - noted
+                noted = rig.net_audit_dropped
+            seq = await stores.run(
+                rig.db.begin_action, rig.row.id, actor_kind="gateway", actor_id="netgate",
+                tool="netgate", verb=f"{event.kind}_{event.phase}", args=args,
+            )
+            await stores.run(
+                rig.db.finish_action, rig.row.id, seq,
+                outcome="ok" if event.allowed else "refused",
+                error=None if event.allowed else str(event.reason)[:300], duration_ms=int(
+                    float(getattr(event, "duration_s", 0) or 0) * 1000),
+            )

@@ -1,0 +1,336 @@
+"""The rig methods callers see (API.md ``rig.*``): access checks, rendering,
+audit rows, and the rig manager's operations behind them.
+
+Every method takes typed parameters, parsed at the server edge by
+:mod:`rigd.params` (:data:`RIG_METHODS` says which parser serves which RPC
+method). Visibility: every method resolves the rig through the caller's
+memberships; a rig of a workspace the caller is not in answers exactly like a
+missing rig. The lifecycle itself — booting, failing, closing, parking,
+reaping, leases — is :class:`rigd.rigs.RigManager`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from rigd import lifecycle
+from rigd.errors import BackendError, Conflict, FieldError, Forbidden, RigdError
+from rigd.live_rig import Caller, LiveRig
+from rigd.model import ACCEL_OF, BACKEND_OF, TOOL_SURFACES, Accel, CloseReason, Display, Phase, Surface, Tool
+from rigd.params import (
+    ActParams,
+    ControlParams,
+    ConversationParams,
+    EgressParams,
+    EventsParams,
+    ListParams,
+    LogParams,
+    OpenParams,
+    RigRef,
+    parse_act,
+    parse_control,
+    parse_conversation,
+    parse_egress,
+    parse_events,
+    parse_list,
+    parse_log,
+    parse_open,
+    parse_rig_ref,
+)
+from rigd.render import iso_at
+from rigd.rigs import CONTROL_LEASE_S, WATCH_LAPSE_S, RigManager, egress_json
+from rigd.store.util import iso, utcnow
+from rigd.verbs import ParseContext, audit_args, is_observation, parse_action
+from rigd.verbs.base import DESKTOP_MIN
+
+
+class RigApi:
+    def __init__(self, rigs: RigManager) -> None:
+        self.rigs = rigs
+
+    async def call(self, method: str, caller: Caller, raw: object) -> Any:
+        """Parse ``raw`` as the RPC method's parameters and run it (in-process callers, tests)."""
+        parse, name = RIG_METHODS[method]
+        handler: Callable[[Caller, Any], Awaitable[Any]] = getattr(self, name)
+        return await handler(caller, parse(raw))
+
+    # -- open -----------------------------------------------------------------------
+
+    async def open(self, caller: Caller, params: OpenParams) -> dict[str, Any]:
+        ws_id = await self.rigs.workspace_for(caller, params.workspace)
+        backend = self.rigs.backends.get(params.surface)
+        if backend is None:
+            raise FieldError("surface", f"{params.surface} rigs are not available on this server")
+        if self.rigs.accel is None:
+            raise RigdError(
+                "this server has no working accelerator: "
+                f"{self.rigs.accel_problem or 'none was found'}. Restart it with --accel tcg to use "
+                "software emulation (not a security boundary)",
+                field="accel",
+            )
+        if params.surface is Surface.COMPUTER:
+            params = self._computer_backend(params)
+        db = await self.rigs.stores.workspace(ws_id)
+        if params.conversation is not None and params.surface is Surface.TERMINAL:
+            lock = self.rigs.open_locks.setdefault((ws_id, params.conversation), trio.Lock())
+            async with lock:
+                for rig in self.rigs.live.values():
+                    r = rig.row
+                    if (r.workspace_id == ws_id and r.conversation == params.conversation
+                            and r.surface == Surface.TERMINAL.value and r.exec_image
+                            and rig.phase in lifecycle.LIVE):
+                        return await self._answer_open(rig, params.wait)
+                rig = await self.rigs.start(caller, params, ws_id, db)
+        else:
+            rig = await self.rigs.start(caller, params, ws_id, db)
+        return await self._answer_open(rig, params.wait)
+
+    def _computer_backend(self, params: OpenParams) -> OpenParams:
+        """A computer rig runs on the server's accelerator (qemu-kvm, qemu-hvf, or
+        qemu-tcg when the server was started with ``--accel tcg``) unless the
+        caller names a backend; software emulation is used only when named."""
+        assert self.rigs.accel is not None
+        if params.display is not None and (params.display.width < DESKTOP_MIN.width
+                                           or params.display.height < DESKTOP_MIN.height):
+            raise FieldError("display", f"a desktop's mode is at least {DESKTOP_MIN.width}x"
+                                        f"{DESKTOP_MIN.height} (set_display has the same floor)")
+        if not params.backend_named:
+            return dataclasses.replace(params, backend=BACKEND_OF[self.rigs.accel])
+        want = ACCEL_OF[params.backend]
+        if want is not Accel.TCG and want is not self.rigs.accel:
+            raise FieldError(
+                "backend",
+                f"{params.backend} needs {want}, and this server runs with {self.rigs.accel}; "
+                f"use {BACKEND_OF[self.rigs.accel]} (or qemu-tcg, software emulation)",
+            )
+        return params
+
+    async def _answer_open(self, rig: LiveRig, wait: bool) -> dict[str, Any]:
+        if wait:
+            await rig.settled.wait()
+        if rig.phase is Phase.FAILED:
+            raise BackendError(
+                f"rig {rig.row.id} failed to start: {rig.row.failure}", rig=self.rigs.rig_json(rig.row, rig)
+            )
+        return self.rigs.rig_json(rig.row, rig)
+
+    # -- list / get / close -----------------------------------------------------------
+
+    async def list_rigs(self, caller: Caller, params: ListParams) -> list[dict[str, Any]]:
+        ws_id = await self.rigs.workspace_for(caller, params.workspace)
+        db = await self.rigs.stores.workspace(ws_id)
+        rows = await self.rigs.stores.run(db.list_rigs, include_closed=params.include_closed)
+        out = []
+        for row in rows:
+            live = self.rigs.live.get(row.id)
+            out.append(self.rigs.rig_json(live.row if live else row, live))
+        return out
+
+    async def get(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
+        rig_id = ref.rig_id
+        row, _db, live = await self.rigs.visible(caller, rig_id)
+        return self.rigs.rig_json(row, live)
+
+    async def close(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
+        rig_id = ref.rig_id
+        row, db, live = await self.rigs.visible(caller, rig_id)
+        if live is None:
+            if row.phase == Phase.FAILED.value:
+                # Failed before this server started: its machine is long gone.
+                lifecycle.check_transition(Phase.FAILED, Phase.CLOSED)
+                await self.rigs.stores.run(db.update_rig, rig_id, phase=Phase.CLOSED.value,
+                                      phase_detail="closed", closed_at=iso(utcnow()))
+                row = await self.rigs.stores.run(db.get_rig, rig_id)
+            return self.rigs.rig_json(row)
+        await self.rigs.close_rig(live, CloseReason.REQUESTED, caller)
+        return self.rigs.rig_json(live.row)
+
+    # -- rig.egress ------------------------------------------------------------------------
+
+    async def set_egress(self, caller: Caller, params: EgressParams) -> dict[str, Any]:
+        rig_id, allow, defaults = params.rig_id, list(params.allow), params.defaults
+        row, _db, rig = await self.rigs.visible(caller, rig_id)
+        if rig is None or rig.machine is None:
+            raise Conflict(f"rig {rig_id} is {row.phase}; its allowlist can change only while it runs")
+        self.rigs.check_control(rig, caller)
+        try:
+            policy = self.rigs.egress_policy(Surface(row.surface), allow, defaults)
+        except FieldError as exc:
+            raise FieldError(exc.field.replace("egress.", "", 1), exc.reason) from exc
+        if policy is None:
+            raise FieldError("allow", "this rig has no network")
+        rig.machine.set_egress(policy)
+        rig.policy = policy
+        await self.rigs.audit_event(rig, caller, "egress", {"allow": allow, "defaults": defaults})
+        await self.rigs.update(rig, egress=egress_json(policy, defaults))
+        return {"rigId": rig_id, "allow": list(policy.allow), "defaults": defaults}
+
+    # -- act ----------------------------------------------------------------------------
+
+    async def act(self, caller: Caller, params: ActParams) -> dict[str, Any]:
+        rig_id = params.rig_id
+        row, db, live = await self.rigs.visible(caller, rig_id)
+        tool_raw = params.tool
+        action = params.action
+        tools = ", ".join(t.value for t in Tool)
+        tool_name = tool_raw if isinstance(tool_raw, str) and len(tool_raw) <= 64 else "?"
+        args = audit_args(tool_name, action)
+        verb = args.get("action") if isinstance(args.get("action"), str) else "?"
+        started = time.monotonic()
+        seq = await self.rigs.stores.run(
+            db.begin_action, rig_id, actor_kind=caller.actor_kind, actor_id=caller.actor_id,
+            tool=tool_name, verb=str(verb)[:64], args=args,
+        )
+        outcome, error = "error", None
+        try:
+            if tool_raw not in Tool.__members__.values():
+                raise FieldError("tool", f"must be one of {tools}")
+            tool = Tool(str(tool_raw))
+            surface = Surface(row.surface)
+            if surface not in TOOL_SURFACES[tool]:
+                raise FieldError("tool", f"a {surface} rig does not answer {tool}")
+            display = None
+            if row.display_w and row.display_h:
+                display = Display(row.display_w, row.display_h)
+            parsed = parse_action(tool.value, action, ParseContext(surface=surface, display=display))
+            if isinstance(parsed, FieldError):
+                raise parsed
+            if live is None:
+                outcome = "refused"
+                lifecycle.require_phase(Phase(row.phase), frozenset({Phase.READY}), f"run {tool}.{verb}")
+            assert live is not None
+            if not is_observation(parsed):
+                outcome = "refused"
+                self.rigs.check_control(live, caller)
+            outcome = "error"
+            async with self.rigs.activity(live, caller, f"run {tool}.{verb}") as machine:
+                result = await self.rigs.execute(live, machine, parsed)
+            outcome = "ok"
+            return result
+        except RigdError as exc:
+            error = exc.message[:500]
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.rigs.stores.run(
+                    db.finish_action, rig_id, seq, outcome=outcome, error=error,
+                    duration_ms=int((time.monotonic() - started) * 1000),
+                )
+
+    async def control(self, caller: Caller, params: ControlParams) -> dict[str, Any]:
+        rig_id, op = params.rig_id, params.op
+        _row, _db, rig = await self.rigs.visible(caller, rig_id)
+        if rig is None or rig.phase not in lifecycle.LIVE:
+            raise Conflict(f"rig {rig_id} is not running; there is nothing to control")
+        holder = rig.person_controller
+        if op == "take":
+            if caller.user.kind != "person":
+                raise Forbidden("only a person can take control; agents drive without a lease")
+            if holder is not None and holder != caller.user.id:
+                raise Conflict("another person already holds control of this rig",
+                               controller={"kind": "person", "id": holder})
+            await self.rigs.audit_event(rig, caller, "control_take", {})
+            await self.rigs.set_person_control(rig, caller.user.id, "taken")
+        else:
+            if holder is None:
+                raise Conflict("nobody holds control of this rig")
+            if holder != caller.user.id and not caller.user.is_admin:
+                raise Forbidden("only the person holding control (or an admin) can release it")
+            await self.rigs.audit_event(rig, caller, "control_release", {})
+            await self.rigs.set_person_control(rig, None, "released")
+        return self.rigs.rig_json(rig.row, rig)
+
+    async def watch(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
+        rig_id = ref.rig_id
+        _row, _db, rig = await self.rigs.visible(caller, rig_id)
+        if rig is None or rig.phase not in lifecycle.LIVE:
+            raise Conflict(f"rig {rig_id} is not running; there is nothing to watch")
+        now = self.rigs.clock()
+        rig.watched_until = now + WATCH_LAPSE_S
+        if rig.person_controller == caller.user.id:
+            rig.lease_until = now + CONTROL_LEASE_S
+        return {"rigId": rig_id, "phase": rig.row.phase, "watchedUntil": iso_at(rig.watched_until)}
+
+    async def park(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
+        rig_id = ref.rig_id
+        _row, _db, rig = await self.rigs.visible(caller, rig_id)
+        if rig is None:
+            raise Conflict(f"rig {rig_id} is not running")
+        self.rigs.check_control(rig, caller)
+        if rig.phase is not Phase.PARKED:
+            lifecycle.require_phase(rig.phase, frozenset({Phase.READY}), "park")
+            if rig.busy:
+                raise Conflict("the rig is running an action; park it when it is done")
+            await self.rigs.audit_event(rig, caller, "park", {})
+            await self.rigs.park_rig(rig, "parked on request", forced=True)
+        return self.rigs.rig_json(rig.row, rig)
+
+    # -- ending things --------------------------------------------------------------------
+
+    async def end_conversation(self, caller: Caller, params: ConversationParams) -> dict[str, Any]:
+        conversation = params.conversation
+        ws_id = await self.rigs.workspace_for(caller, params.workspace)
+        rigs = [r for r in self.rigs.live.values()
+                if r.row.workspace_id == ws_id and r.row.conversation == conversation]
+        async with trio.open_nursery() as nursery:
+            for rig in rigs:
+                nursery.start_soon(self.rigs.close_rig, rig, CloseReason.CONVERSATION_ENDED, caller)
+        return {"closed": [r.row.id for r in rigs]}
+
+    async def retry(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
+        """Replace a failed rig with a fresh machine opened the same way."""
+        rig_id = ref.rig_id
+        row, db, rig = await self.rigs.visible(caller, rig_id)
+        if row.phase != Phase.FAILED.value and not (
+            row.phase == Phase.CLOSED.value and row.close_reason == CloseReason.BACKEND_FAILURE.value
+        ):
+            raise Conflict(f"rig {rig_id} is {row.phase}; only a failed rig can be retried")
+        if rig is not None:
+            await self.rigs.audit_event(rig, caller, "retry", {})
+            await self.rigs.close_rig(rig, CloseReason.BACKEND_FAILURE, None)
+        opened = rig.params if rig is not None and rig.params is not None else parse_open(
+            {"workspace": row.workspace_id, "surface": row.surface,
+             "conversation": row.conversation, "memoryMb": row.memory_mb, "vcpus": row.vcpus,
+             "ttlS": row.ttl_s, "idleS": row.idle_s},
+            frozenset(self.rigs.backends),
+        )
+        fresh = await self.rigs.start(caller, opened, row.workspace_id, db)
+        answer = await self._answer_open(fresh, True)
+        return {**answer, "retryOf": rig_id}
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def events_since(self, caller: Caller, params: EventsParams) -> list[dict[str, Any]]:
+        ws_id = await self.rigs.workspace_for(caller, params.workspace)
+        db = await self.rigs.stores.workspace(ws_id)
+        return await self.rigs.stores.run(db.events, after_id=params.after_id)
+
+    # -- audit log ------------------------------------------------------------------------
+
+    async def actions(self, caller: Caller, params: LogParams) -> list[dict[str, Any]]:
+        _row, db, _live = await self.rigs.visible(caller, params.rig_id)
+        rows = await self.rigs.stores.run(db.actions, params.rig_id, after_seq=params.after_seq)
+        return [r.to_json() for r in rows]
+
+
+#: RPC method → (the parser of its parameters, the RigApi method that runs it).
+RIG_METHODS: dict[str, tuple[Callable[[object], Any], str]] = {
+    "rig.open": (parse_open, "open"),
+    "rig.list": (parse_list, "list_rigs"),
+    "rig.get": (parse_rig_ref, "get"),
+    "rig.close": (parse_rig_ref, "close"),
+    "rig.act": (parse_act, "act"),
+    "rig.log": (parse_log, "actions"),
+    "rig.control": (parse_control, "control"),
+    "rig.egress": (parse_egress, "set_egress"),
+    "rig.watch": (parse_rig_ref, "watch"),
+    "rig.park": (parse_rig_ref, "park"),
+    "rig.retry": (parse_rig_ref, "retry"),
+    "rig.events": (parse_events, "events_since"),
+    "conversation.end": (parse_conversation, "end_conversation"),
+}
