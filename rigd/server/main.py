@@ -89,6 +89,17 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def readable_pack(assets: TerminalAssets, data_dir: Path, progress: Callable[[str], None]) -> Path:
+    """The terminal pack's rootfs (built once), readable by rig uids through
+    their overlays' backing file."""
+    rootfs = ensure_pack(assets, data_dir, progress)
+    for d in (rootfs.parent.parent, rootfs.parent):
+        os.chmod(d, 0o711)  # noqa: S103 - rig uids traverse, never list
+    if rootfs.stat().st_mode & 0o777 != 0o444:
+        os.chmod(rootfs, 0o444)
+    return rootfs
+
+
 def publish_assets(assets: TerminalAssets, data_dir: Path) -> TerminalAssets:
     """Make the kernel, initramfs and tools disk readable by rig uids.
 
@@ -308,15 +319,7 @@ async def _serve(
     if problem:
         log.warning("no accelerator: %s; rigs cannot open until the server runs with --accel tcg", problem)
 
-    def make_pack(progress: Callable[[str], None]) -> Path:
-        rootfs = ensure_pack(assets, data_dir, progress)
-        # Rig uids read the pack through their overlays' backing file.
-        for d in (rootfs.parent.parent, rootfs.parent):
-            os.chmod(d, 0o711)  # noqa: S103 - rig uids traverse, never list
-        if rootfs.stat().st_mode & 0o777 != 0o444:
-            os.chmod(rootfs, 0o444)
-        return rootfs
-
+    make_pack = functools.partial(readable_pack, assets, data_dir)
     network, broker = await _network(config, data_dir)
     qemu_config = QemuConfig(data_dir=data_dir, accel=accel or Accel.TCG, qemu=config.qemu,
                              warm_starts=config.warm_starts, network=network)
