@@ -191,6 +191,8 @@ def _keep(nodeid: str, homes: set[Path], files: dict[str, Path]) -> Path | None:
         except (OSError, shutil.Error) as exc:
             cleanup_failed(f"cannot copy {home} to {dest}: {exc}")
     for name, path in files.items():
+        if not path.exists():
+            continue  # the test failed before it was written
         try:
             shutil.copy2(path, dest / name, follow_symlinks=False)
         except OSError as exc:
@@ -204,7 +206,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for nodeid, dest in _KEPT:
             terminalreporter.write_line(f"{nodeid}: {dest}")
     if _CLEANUP_FAILURES:
-        terminalreporter.section("cleanups that failed")
+        terminalreporter.section("cleanups and evidence copies that failed")
         for what in _CLEANUP_FAILURES:
             terminalreporter.write_line(what)
 
