@@ -4,18 +4,29 @@ run (pytester, in a subprocess so its fixtures' state is its own) against real
 
 The rig files come from :func:`rigd.backends.evidence.write_evidence`, called
 by the inner test where a machine's teardown would call it, with the
-``RIGD_EVIDENCE_DIR`` the fixture gave its server.
+``RIGD_EVIDENCE_DIR`` the fixture gave its server. The QMP transcript is
+checked against a real QEMU (``-M none``: no guest, no boot).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
+from rigd.backends.evidence import ENV, write_evidence
+from rigd.backends.qmp_client import QMPConnection
+from rigd.errors import BackendError
 from rigd.images.cache import default_cache_dir
-from tests.integration.conftest import REPO
+from rigd.protocols import input as qin
+from tests.integration.conftest import REPO, TestEvidence
 
 pytest_plugins = ["pytester"]
 pytestmark = [pytest.mark.timeout(300)]
@@ -77,10 +88,6 @@ def test_cleanup_failure_is_reported(tmp_path: Path) -> None:
 '''
 
 
-def evidence_roots() -> set[Path]:
-    return set(Path("/var/tmp").glob("rigd-evidence-*"))
-
-
 def test_failed_test_keeps_server_log_and_rig_evidence_passing_keeps_none(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     artifacts = tmp_path / "artifacts"
@@ -92,7 +99,6 @@ def test_failed_test_keeps_server_log_and_rig_evidence_passing_keeps_none(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     pytester.makeconftest(INNER_CONFTEST)
     pytester.makepyfile(test_inner=INNER_TESTS)
-    roots_before = evidence_roots()
 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
 
@@ -115,8 +121,75 @@ def test_failed_test_keeps_server_log_and_rig_evidence_passing_keeps_none(
     assert f"evidence kept in {kept}" in out
     assert f"test_inner.py::test_fails: {kept}" in out
     # The cleanup that failed is named with its path and error, and did not fail its test.
-    assert "cleanups that failed" in out and "plain-file: [Errno 20] Not a directory" in out
+    assert "cleanups and evidence copies that failed" in out and "plain-file: [Errno 20] Not a directory" in out
     # Nothing of the passing test, nor the run's homes, is left anywhere.
     assert Path(failed_home).parent == Path(passed_home).parent
     assert not Path(failed_home).parent.exists()
-    assert evidence_roots() <= roots_before
+
+
+@pytest.fixture
+def bare_qemu(tmp_path: Path, evidence: TestEvidence) -> Iterator[Path]:
+    """A QEMU with no machine and a QMP socket; killed by PID at the end."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("needs QEMU")
+    sock = tmp_path / "qmp.sock"
+    with (tmp_path / "qemu.stderr").open("wb") as err:
+        proc = subprocess.Popen(["qemu-system-x86_64", "-M", "none", "-display", "none", "-nodefaults",
+                                 "-qmp", f"unix:{sock},server=on,wait=off"],
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    evidence.keep(tmp_path / "qemu.stderr", "qemu-stderr.log")
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "QEMU made no QMP socket"
+            time.sleep(0.01)
+        yield sock
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # by PID: Popen.kill signals exactly this process
+        proc.wait(timeout=10)
+
+
+@pytest.mark.timeout(60)
+async def test_a_real_qemu_transcript_keeps_the_conversation_not_the_keys(
+        bare_qemu: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = await QMPConnection.connect(bare_qemu, log=logging.getLogger("rigd.rig.r-bare"))
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(conn.run)
+            await conn.handshake(10)
+            assert (await conn.execute("query-status"))["status"] == "running"
+            typed = [e for step in qin.plan_typing("hunter2") if isinstance(step, list) for e in step]
+            with pytest.raises(BackendError):  # no keyboard on -M none: QEMU refuses
+                await conn.execute("input-send-event", {"events": typed})
+            with pytest.raises(BackendError) as bogus:  # QEMU's error quotes the value it rejected
+                await conn.execute("send-key", {"keys": [{"type": "qcode", "data": "hunter2"}]})
+            assert "hunter2" in str(bogus.value)
+            await conn.execute("stop")
+            await conn.send_only("quit")
+    finally:
+        await conn.aclose()
+    transcript = conn.transcript()
+    got = [line.split(maxsplit=1)[1] for line in transcript.splitlines()[1:]]
+    assert got[0].startswith("<- greeting {") and "qemu" in got[0], transcript
+    assert got[1:10] == [
+        "-> qmp_capabilities id=1",
+        "<- return id=1 {}",
+        "-> query-status id=2",
+        '<- return id=2 {"running": true, "singlestep": false, "status": "running"}',
+        f"-> input-send-event [key:{len(typed)}] id=3",
+        "<- error id=3 GenericError (reply to input-send-event: description withheld)",
+        "-> send-key (arguments withheld: keys) id=4",
+        "<- error id=4 GenericError (reply to send-key: description withheld)",
+        "-> stop id=5",
+    ], transcript
+    # An event and its command's reply come in QEMU's order, whichever that is.
+    assert got[10:12] in (["<- event STOP {}", "<- return id=5 {}"], ["<- return id=5 {}", "<- event STOP {}"])
+    assert got[12] == "-> quit id=6" and got[-1] == "-- connection closed"
+    assert sorted(got[13:-1]) == ['<- event SHUTDOWN {"guest": false, "reason": "host-qmp-quit"}',
+                                  "<- return id=6 {}"], transcript
+    assert "hunter" not in transcript and "qcode" not in transcript
+
+    monkeypatch.setenv(ENV, str(tmp_path / "evidence"))
+    write_evidence("r-bare", console="", qmp=transcript, stderr="", log=logging.getLogger("rigd.rig.r-bare"))
+    assert (tmp_path / "evidence" / "r-bare" / "qmp.log").read_text() == transcript
