@@ -64,7 +64,8 @@ _HOMES_ROOT: Path | None = None
 
 
 def cleanup_failed(what: str) -> None:
-    """Record a cleanup that did not work: a warning now, a line in the run's summary."""
+    """Record a cleanup (or an evidence copy) that did not work: a warning now,
+    a line in the run's summary."""
     log.warning("cleanup failed: %s", what)
     _CLEANUP_FAILURES.append(what)
 
@@ -91,6 +92,7 @@ class TestEvidence:
     homes: set[Path] = field(default_factory=set)
     #: Files the test asked to keep, by the name they get in the artifact directory.
     files: dict[str, Path] = field(default_factory=dict)
+    #: Homes of servers started during the test: dropped when it passes.
     started: set[Path] = field(default_factory=set)
 
     def keep(self, path: Path, name: str | None = None) -> None:
@@ -162,7 +164,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             if dest is not None:
                 line = f"evidence kept in {dest}"
                 for r in reports.values():
-                    if r.failed or r is report:
+                    if r.failed:  # the report pytest prints for this test
                         r.sections.append(("rigd test artifacts", line))
                 _KEPT.append((item.nodeid, dest))
         else:

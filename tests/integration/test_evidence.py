@@ -81,6 +81,16 @@ def test_passes(quiet_server: Server) -> None:
         f.write("\\n" + str(quiet_server.home))
 
 
+@pytest.fixture
+def teardown_fails(quiet_server: Server):
+    yield quiet_server
+    raise AssertionError("deliberately failed in teardown")
+
+
+def test_passes_but_its_teardown_fails(teardown_fails: Server) -> None:
+    assert teardown_fails.call("workspace.list")[0]["name"] == "default"
+
+
 def test_cleanup_failure_is_reported(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "plain-file"
     not_a_dir.write_text("x")
@@ -102,9 +112,12 @@ def test_failed_test_keeps_server_log_and_rig_evidence_passing_keeps_none(
 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
 
-    result.assert_outcomes(passed=2, failed=1)
-    [kept] = list(artifacts.iterdir())
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    kept, kept_teardown = sorted(artifacts.iterdir())
     assert kept.name == "test_inner.py-test_fails"
+    assert kept_teardown.name == "test_inner.py-test_passes_but_its_teardown_fails"
+    [teardown_home] = list(kept_teardown.iterdir())
+    assert "received SIGTERM" in (teardown_home / "server.log").read_text()
     failed_home, passed_home = homes.read_text().split()
     server_dir = kept / Path(failed_home).name
     assert sorted(p.name for p in kept.iterdir()) == sorted([server_dir.name, "vm0-console.log"])
