@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +36,9 @@ from pyroute2 import IPRoute, NetNS
 
 from netgate import topology
 from netgate.netns import NETNS_DIR
+from rigd.cleanup import remove_tree
+
+log = logging.getLogger("netgate.testing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +153,7 @@ class FakeInternet:
                 self._proc.kill()
                 self._proc.wait(10)
         topology.remove_namespace(self.netns)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir, log=log)
 
 
 @dataclass
@@ -185,7 +188,7 @@ class GuestNs:
 
     def close(self) -> None:
         topology.remove_namespace(self.netns)
-        shutil.rmtree(self._etc, ignore_errors=True)
+        remove_tree(self._etc, log=log)
 
 
 def direct_veth(guest: GuestNs, world: FakeInternet, guest_addr: str = "10.214.0.2",

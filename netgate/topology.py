@@ -36,6 +36,7 @@ import errno
 import fcntl
 import hashlib
 import ipaddress
+import logging
 import os
 import re
 import struct
@@ -50,6 +51,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from netgate.netns import NETNS_DIR, run_in_netns
 
 T = TypeVar("T")
+log = logging.getLogger("netgate.topology")
 
 GUEST_IF = "guest0"
 DEFAULT_PREFIX = "rigd"
@@ -282,8 +284,7 @@ def attach_veth(naming: Naming, peer_ns: str, peer_if: str = "eth0",
             for name in (naming.veth_host, tmp_peer):
                 idx = _lookup(ipr, name)
                 if idx is not None:
-                    with contextlib.suppress(NetlinkError):
-                        ipr.link("del", index=idx)
+                    _delete_link(ipr, name, idx)
             raise
     def configure_peer(ns: IPRoute) -> None:
         idx = _lookup(ns, tmp_peer)
@@ -303,9 +304,18 @@ def remove_gateway(naming: Naming) -> None:
         for name in (naming.tap, naming.veth_host, f"{naming.prefix}p{naming.key}"):
             idx = _lookup(ipr, name)
             if idx is not None:
-                with contextlib.suppress(NetlinkError):
-                    ipr.link("del", index=idx)
+                _delete_link(ipr, name, idx)
     remove_namespace(naming.netns)
+
+
+def _delete_link(ipr: IPRoute, name: str, idx: int) -> None:
+    """Delete a link as a cleanup: already gone is fine; any other failure is
+    logged (the link leaks until the next start's sweep), never raised."""
+    try:
+        ipr.link("del", index=idx)
+    except NetlinkError as exc:
+        if exc.code != errno.ENODEV:
+            log.warning("cleanup failed: cannot delete link %s: %s", name, exc)
 
 
 @dataclass(frozen=True, slots=True)

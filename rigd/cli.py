@@ -264,9 +264,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if accel is None:
         print("no native accelerator on this platform")
         return 1
-    import shutil
+    import logging
     import tempfile
 
+    from rigd.cleanup import remove_tree
     from rigd.server.main import publish_assets
 
     built = find_assets(Path(args.cache_dir) if args.cache_dir else None)
@@ -279,7 +280,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         result = trio.run(lambda: probe(accel, qemu=args.qemu, kernel=assets.kernel,
                                         initrd=assets.initrd, deadline_s=args.deadline))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_tree(scratch, log=logging.getLogger("rigd.cli"))
     print(f"{accel}: {'works' if result.ok else 'does not work'} ({result.detail})")
     return 0 if result.ok else 1
 

@@ -3,7 +3,10 @@
 qemu.qmp is asyncio-only; QMP sits on the hot path of every input event in
 later surfaces, so rigd speaks it natively on Trio (docs/decisions.md). One
 reader task owns the socket's receive side; one lock serialises sends; each
-command waits for its own reply with a deadline.
+command waits for its own reply with a deadline. Every message either way is
+noted in a bounded :class:`~rigd.protocols.qmp_transcript.Transcript` (typed
+text withheld) that :meth:`QMPConnection.transcript` renders for a failed
+rig's evidence.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 import trio
 
 from rigd.errors import BackendError
-from rigd.protocols.qmp import Error, Greeting, ProtocolViolation, QMPEvent, QMPProtocol, Return
+from rigd.protocols.qmp import Error, Greeting, ProtocolViolation, QMPEvent, QMPMessage, QMPProtocol, Return
+from rigd.protocols.qmp_transcript import Transcript
 
 
 @dataclass(slots=True)
@@ -35,6 +39,7 @@ class QMPConnection:
         self._greeted = trio.Event()
         self._closed = False
         self._log = log
+        self._transcript = Transcript()
         self.on_event: Callable[[QMPEvent], None] | None = None
 
     @classmethod
@@ -60,11 +65,17 @@ class QMPConnection:
                     self._dispatch(msg)
         finally:
             self._closed = True
+            self._transcript.note("connection closed")
             for pending in self._pending.values():
                 pending.done.set()
             self._greeted.set()
 
-    def _dispatch(self, msg: object) -> None:
+    def transcript(self) -> str:
+        """The newest messages sent and received (bounded; typed text withheld), one per line."""
+        return self._transcript.render()
+
+    def _dispatch(self, msg: QMPMessage) -> None:
+        self._transcript.received(msg)
         if isinstance(msg, Greeting):
             self._greeted.set()
         elif isinstance(msg, Return | Error):
@@ -95,15 +106,19 @@ class QMPConnection:
         self._pending[cid] = pending
         try:
             async with self._send_lock:
+                self._transcript.sent(cid, name, arguments)
                 try:
                     await self._stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._transcript.note(f"send of id={cid} failed: connection closed")
                     raise BackendError(f"QMP {name}: connection closed") from exc
             with trio.move_on_after(timeout):
                 await pending.done.wait()
         finally:
             del self._pending[cid]
         result = pending.result
+        if result is None and not self._closed:
+            self._transcript.note(f"no reply to id={cid} within {timeout:g} s")
         if result is None:
             raise BackendError(f"QMP {name}: no reply" + (" (closed)" if self._closed else ""))
         if isinstance(result, Error):
@@ -116,11 +131,13 @@ class QMPConnection:
         Used for ``quit`` during teardown, when the reader task may already
         be cancelled: the process exiting is the answer that matters.
         """
-        _cid, data = self._proto.command(name)
+        cid, data = self._proto.command(name)
         async with self._send_lock:
+            self._transcript.sent(cid, name)
             try:
                 await self._stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._transcript.note(f"send of id={cid} failed: connection closed")
                 raise BackendError(f"QMP {name}: connection closed") from exc
 
     async def aclose(self) -> None:

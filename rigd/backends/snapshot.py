@@ -55,7 +55,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import time
@@ -68,6 +67,7 @@ import trio
 
 from rigd.backends.confine import Identity, make_shared_dir
 from rigd.backends.qmp_client import QMPConnection
+from rigd.cleanup import remove_tree
 from rigd.errors import BackendError
 
 #: Bumped whenever the way a snapshot is taken or restored changes.
@@ -244,7 +244,7 @@ class SnapshotStore:
         except OSError:
             return  # someone else moved it first
         self.log.warning("snapshot discarded", extra={"snapshot": key, "reason": reason[:300]})
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_tree(trash, log=self.log)
 
     def entries(self) -> list[SnapshotEntry]:
         out = []
@@ -302,7 +302,7 @@ class SnapshotStore:
                 yield tmp
             finally:
                 if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
+                    remove_tree(tmp, log=self.log)
         finally:
             os.close(fd)
 
@@ -313,7 +313,7 @@ class SnapshotStore:
                 pid = name.split("-")[2] if name.count("-") >= 3 else ""
                 if pid.isdigit() and int(pid) != os.getpid() and _pid_exists(int(pid)):
                     continue
-                shutil.rmtree(self.root / name, ignore_errors=True)
+                remove_tree(self.root / name, log=self.log)
 
     def commit(self, tmp: Path, key: str, material: Mapping[str, Any], **facts: Any) -> Snapshot:
         """Seal the built files (read-only, synced) and rename ``tmp`` to ``key``."""

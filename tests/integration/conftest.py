@@ -5,26 +5,40 @@ The fixture owns every QEMU its server starts: at teardown it stops the
 server (SIGTERM, which closes every rig), then kills by pid any QEMU whose
 command line still names its data directory, and fails the test if it had
 to. Console output of rigs that failed is printed for the report.
+
+Evidence of a failed test (as QEMU's avocado tests and Firecracker's test
+framework keep it): every server logs to, and its rigs leave their console,
+QMP transcript and QEMU stderr (``RIGD_EVIDENCE_DIR``) in, a home of its own
+outside its data directory. When a test fails in setup, call or teardown,
+the homes of the servers it used and the files it named with
+:meth:`TestEvidence.keep` (raw QEMU consoles) are copied to
+``${RIGD_TEST_ARTIFACTS:-<repo>/test-artifacts}/<test id>/`` and the path is
+printed in its report; a passing test keeps nothing. A cleanup that fails
+(:func:`remove_tree`) is logged and listed at the end of the run, never
+fatal and never silent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rigd.backends import evidence as rig_evidence
 from rigd.backends.desktop_argv import desktop_argv
 from rigd.cli import Client, ClientError
 from rigd.images.desktop import DesktopImage
@@ -33,6 +47,175 @@ REPO = Path(__file__).resolve().parents[2]
 #: Packs are expensive (the image unpacked into an ext4 file); tests share one
 #: directory of them, outside any private home so rig uids can read them.
 SHARED_PACKS = Path(os.environ.get("RIGD_TEST_PACKS", "/var/tmp/rigd-test-packs"))
+#: Where a failed test's evidence is kept, one directory per test.
+ARTIFACTS = Path(os.environ.get("RIGD_TEST_ARTIFACTS") or REPO / "test-artifacts")
+
+log = logging.getLogger("rigd.tests")
+
+
+# -- evidence of a failed test, and cleanups that fail ------------------------------------------
+
+#: Problems the run should hear about at its end, whatever the tests' outcomes.
+_CLEANUP_FAILURES: list[str] = []
+#: (test id, directory) of each failed test's kept evidence.
+_KEPT: list[tuple[str, Path]] = []
+#: Lazily made; holds one home per server data directory; removed at the end of the session.
+_HOMES_ROOT: Path | None = None
+
+
+def cleanup_failed(what: str) -> None:
+    """Record a cleanup (or an evidence copy) that did not work: a warning now,
+    a line in the run's summary."""
+    log.warning("cleanup failed: %s", what)
+    _CLEANUP_FAILURES.append(what)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a test's directory; a failure is logged with the path and the
+    error (and what can be removed still is), never raised."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        cleanup_failed(f"cannot remove {path}: {exc}")
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class TestEvidence:
+    """What a test has touched that is worth keeping if it fails."""
+
+    __test__ = False  # not a test class, whatever its name says
+
+    #: Homes of servers started during the test, or already running when it began.
+    homes: set[Path] = field(default_factory=set)
+    #: Files the test asked to keep, by the name they get in the artifact directory.
+    files: dict[str, Path] = field(default_factory=dict)
+    #: Homes of servers started during the test: dropped when it passes.
+    started: set[Path] = field(default_factory=set)
+
+    def keep(self, path: Path, name: str | None = None) -> None:
+        """Copy ``path`` (a file; it may appear later) into the artifacts if the test fails."""
+        self.files[name or path.name] = path
+
+
+_ACTIVE: TestEvidence | None = None
+#: Every server process started with a home, to tell which homes are still in use.
+_SERVERS: list[tuple[subprocess.Popen[bytes], Path]] = []
+_EVIDENCE = pytest.StashKey[TestEvidence]()
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+def server_home(data_dir: Path) -> Path:
+    """The home of the server on ``data_dir``: its log (``server.log``) and its
+    rigs' evidence (``rigs/``, the server's ``RIGD_EVIDENCE_DIR``). It lies outside
+    the data directory, which a test removes before its evidence is collected; a
+    restart on the same data directory shares it."""
+    global _HOMES_ROOT
+    if _HOMES_ROOT is None:
+        _HOMES_ROOT = Path(tempfile.mkdtemp(prefix="rigd-evidence-", dir="/var/tmp"))
+        os.chmod(_HOMES_ROOT, 0o711)  # an unprivileged server reaches its own home
+    home = _HOMES_ROOT / data_dir.name
+    home.mkdir(mode=0o711, exist_ok=True)
+    (home / "rigs").mkdir(mode=0o700, exist_ok=True)
+    if _ACTIVE is not None:
+        _ACTIVE.homes.add(home)
+        _ACTIVE.started.add(home)
+    return home
+
+
+def track_server(proc: subprocess.Popen[bytes], home: Path) -> None:
+    """Note a server process and its home (for one started without :func:`start_server`)."""
+    _SERVERS.append((proc, home))
+
+
+def _running_homes() -> set[Path]:
+    return {home for proc, home in _SERVERS if proc.poll() is None}
+
+
+@pytest.fixture(autouse=True)
+def evidence(request: pytest.FixtureRequest) -> Iterator[TestEvidence]:
+    """The test's evidence (first set up, last torn down; the hook below keeps or drops it)."""
+    global _ACTIVE
+    ev = TestEvidence(homes=_running_homes())  # module-scoped servers serve this test too
+    request.node.stash[_EVIDENCE] = ev
+    _ACTIVE = ev
+    try:
+        yield ev
+    finally:
+        _ACTIVE = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+        None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item; after teardown, keep or drop the evidence.
+
+    This runs at the teardown report rather than in the fixture's teardown so
+    that a failure in another fixture's teardown (a leaked QEMU) counts too."""
+    report = yield
+    reports = item.stash.setdefault(_REPORTS, {})
+    reports[report.when] = report
+    ev = item.stash.get(_EVIDENCE, None)
+    if report.when == "teardown" and ev is not None:
+        if any(r.failed for r in reports.values()):
+            dest = _keep(item.nodeid, ev.homes | _running_homes(), ev.files)
+            if dest is not None:
+                line = f"evidence kept in {dest}"
+                for r in reports.values():
+                    if r.failed:  # the report pytest prints for this test
+                        r.sections.append(("rigd test artifacts", line))
+                _KEPT.append((item.nodeid, dest))
+        else:
+            for home in ev.started - _running_homes():
+                remove_tree(home)
+    return report
+
+
+def _artifact_name(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeid).strip("-.")[:180] or "test"
+
+
+def _keep(nodeid: str, homes: set[Path], files: dict[str, Path]) -> Path | None:
+    if not homes and not files:
+        return None
+    dest = ARTIFACTS / _artifact_name(nodeid)
+    remove_tree(dest)  # a rerun replaces what an earlier run kept
+    try:
+        dest.mkdir(parents=True)
+    except OSError as exc:
+        cleanup_failed(f"cannot keep the evidence of {nodeid} in {dest}: {exc}")
+        return None
+    for home in sorted(homes):
+        try:
+            shutil.copytree(home, dest / home.name, symlinks=True, dirs_exist_ok=True)
+        except (OSError, shutil.Error) as exc:
+            cleanup_failed(f"cannot copy {home} to {dest}: {exc}")
+    for name, path in files.items():
+        if not path.exists():
+            continue  # the test failed before it was written
+        try:
+            shutil.copy2(path, dest / name, follow_symlinks=False)
+        except OSError as exc:
+            cleanup_failed(f"cannot copy {path} to {dest}: {exc}")
+    return dest
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _KEPT:
+        terminalreporter.section("rigd test artifacts (failed tests)")
+        for nodeid, dest in _KEPT:
+            terminalreporter.write_line(f"{nodeid}: {dest}")
+    if _CLEANUP_FAILURES:
+        terminalreporter.section("cleanups and evidence copies that failed")
+        for what in _CLEANUP_FAILURES:
+            terminalreporter.write_line(what)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _HOMES_ROOT is not None:
+        remove_tree(_HOMES_ROOT)
 
 
 def qemu_pids_for(marker: str) -> list[int]:
@@ -56,6 +239,8 @@ class Server:
     url: str
     token: str
     log_path: Path
+    #: See :func:`server_home`; None for a server started without one.
+    home: Path | None = None
     client: Client = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,14 +311,17 @@ def make_data_dir() -> Path:
 
 
 def start_server(data_dir: Path, *extra: str) -> Server:
-    log_path = data_dir / "server.log"
+    home = server_home(data_dir)
+    log_path = home / "server.log"
     (data_dir / "server.json").unlink(missing_ok=True)
+    env = {**os.environ, rig_evidence.ENV: str(home / "rigs")}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "rigd.cli", "serve", "--data-dir", str(data_dir), "--port", "0",
              "--accel", "tcg", "--log-level", "info", *extra],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
         )
+    track_server(proc, home)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -141,7 +329,7 @@ def start_server(data_dir: Path, *extra: str) -> Server:
         try:
             url = json.loads((data_dir / "server.json").read_text())["url"]
             token = (data_dir / "admin.token").read_text().strip()
-            return Server(data_dir, proc, url, token, log_path)
+            return Server(data_dir, proc, url, token, log_path, home)
         except (OSError, ValueError, KeyError):
             time.sleep(0.05)
     proc.kill()
@@ -174,7 +362,7 @@ def serving(data_dir: Path, *extra: str) -> Iterator[Server]:
         leaked = reap(data_dir)
         if failed or leaked:
             sys.stderr.write(srv.log()[-8000:])
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked, f"QEMU processes outlived the server: {leaked}"
 
 
@@ -195,5 +383,6 @@ def exec_(srv: Server, rig_id: str, token: str | None = None, **action: Any) -> 
                                      "action": {"action": "exec", **action}}, token=token))
 
 
-__all__ = ["ClientError", "Server", "exec_", "make_data_dir", "open_terminal", "qemu_pids_for",
-           "reap", "start_server"]
+__all__ = ["ClientError", "Server", "TestEvidence", "cleanup_failed", "exec_", "make_data_dir",
+           "open_terminal", "qemu_pids_for", "reap", "remove_tree", "server_home", "start_server",
+           "track_server"]

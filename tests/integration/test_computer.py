@@ -26,7 +26,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from rigd.images.desktop import find_desktop
-from tests.integration.conftest import Server, make_data_dir, serving
+from tests.integration.conftest import Server, make_data_dir, remove_tree, serving
 
 pytestmark = [
     pytest.mark.vm,
@@ -448,5 +448,5 @@ def test_import_with_a_wrong_checksum_leaves_no_file(tmp_path: Path) -> None:
         left = [p for p in images_dir(data_dir).rglob("*")] if images_dir(data_dir).exists() else []
         assert left == []
     finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
     assert os.path.exists(image.disk)

@@ -40,7 +40,7 @@ from rigd.backends.guest_client import GuestConnection
 from rigd.errors import GuestError
 from rigd.images.desktop import DesktopImage, build_desktop
 from rigd.protocols.guest import Stream
-from tests.integration.conftest import raw_desktop_argv
+from tests.integration.conftest import TestEvidence, raw_desktop_argv
 
 pytestmark = [
     pytest.mark.vm,
@@ -153,8 +153,11 @@ def image() -> DesktopImage:
 
 
 @pytest.mark.timeout(1800)  # a cold image build may be part of the first run
-async def test_desktop_agent_speaks_protocol_2(image: DesktopImage, tmp_path: Path) -> None:
+async def test_desktop_agent_speaks_protocol_2(image: DesktopImage, tmp_path: Path,
+                                              evidence: TestEvidence) -> None:
     argv = raw_desktop_argv(image, tmp_path)
+    evidence.keep(tmp_path / "console.log")
+    evidence.keep(tmp_path / "qemu.stderr", "qemu-stderr.log")
     console = bytearray()
     timings = Timings()
     with (tmp_path / "qemu.stderr").open("wb") as err:
@@ -183,6 +186,7 @@ async def test_desktop_agent_speaks_protocol_2(image: DesktopImage, tmp_path: Pa
         if proc.poll() is None:
             proc.kill()  # by PID: Popen.kill signals exactly this process
         proc.wait(timeout=30)
+        (tmp_path / "console.log").write_bytes(console)
         print(timings.report())
         print(f"frames kept in {tmp_path}")
         print(f"--- console (QEMU exit {proc.returncode}) ---")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from rigd.images.desktop import DesktopImage, build_desktop
-from tests.integration.conftest import raw_desktop_argv
+from tests.integration.conftest import TestEvidence, raw_desktop_argv
 
 pytestmark = [
     pytest.mark.vm,
@@ -123,8 +123,10 @@ def image() -> DesktopImage:
 
 
 @pytest.fixture
-def desktop_vm(image: DesktopImage, tmp_path: Path) -> Iterator[Vm]:
+def desktop_vm(image: DesktopImage, tmp_path: Path, evidence: TestEvidence) -> Iterator[Vm]:
     argv = raw_desktop_argv(image, tmp_path)
+    evidence.keep(tmp_path / "console.log")
+    evidence.keep(tmp_path / "qemu.stderr", "qemu-stderr.log")
     with (tmp_path / "qemu.stderr").open("wb") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
     vm = Vm(proc, tmp_path, time.monotonic())
@@ -138,6 +140,7 @@ def desktop_vm(image: DesktopImage, tmp_path: Path) -> Iterator[Vm]:
         for s in (vm.con, vm.qmp):
             if s is not None:
                 s.close()
+        (tmp_path / "console.log").write_bytes(vm.console)
         print(f"--- console (QEMU exit {proc.returncode}) ---")
         print(vm.console.decode(errors="replace")[-6000:])
         print((tmp_path / "qemu.stderr").read_text(errors="replace"))

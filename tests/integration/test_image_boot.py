@@ -1,7 +1,8 @@
 """Real boots of the terminal assets under TCG (HOST-NOTES: KVM hangs here).
 
 The fixture owns every QEMU it starts and kills it by PID at the end, whatever
-happened; a failed test prints the console transcript.
+happened; a failed test prints the console transcript and keeps it (and
+QEMU's stderr) in its test artifacts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from rigd.backends.microvm_argv import microvm_argv
 from rigd.images import TerminalAssets, build_all
 from rigd.images.pack import ensure_pack
+from tests.integration.conftest import TestEvidence
 
 pytestmark = [
     pytest.mark.vm,
@@ -104,7 +106,7 @@ def rootfs(assets: TerminalAssets, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture
-def boot(assets: TerminalAssets, tmp_path: Path) -> Iterator[Boot]:
+def boot(assets: TerminalAssets, tmp_path: Path, evidence: TestEvidence) -> Iterator[Boot]:
     vms: list[Vm] = []
 
     def start(root_image: Path, *, tools: Path | None = None, extra: tuple[str, ...] = ()) -> Vm:
@@ -133,6 +135,8 @@ def boot(assets: TerminalAssets, tmp_path: Path) -> Iterator[Boot]:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         vm = Vm(proc, d, time.monotonic())
         vms.append(vm)
+        evidence.keep(d / "console.log", f"{d.name}-console.log")
+        evidence.keep(d / "qemu.stderr", f"{d.name}-qemu-stderr.log")
         vm.connect_console(time.monotonic() + 10)
         return vm
 
@@ -144,6 +148,7 @@ def boot(assets: TerminalAssets, tmp_path: Path) -> Iterator[Boot]:
         vm.proc.wait(timeout=10)
         if vm.sock is not None:
             vm.sock.close()
+        (vm.dir / "console.log").write_bytes(vm.console)
         # pytest shows this only for a failed test.
         print(f"--- console of {vm.dir.name} (QEMU exit {vm.proc.returncode}) ---")
         print(vm.console.decode(errors="replace"))

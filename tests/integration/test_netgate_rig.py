@@ -20,7 +20,7 @@ import pytest
 
 from netgate.testing import FakeInternet
 from rigd.server.main import gateway_prefix
-from tests.integration.conftest import Server, make_data_dir, reap, start_server
+from tests.integration.conftest import Server, make_data_dir, reap, remove_tree, start_server
 
 pytestmark = [
     pytest.mark.vm, pytest.mark.netgate, pytest.mark.timeout(400),
@@ -63,7 +63,7 @@ def gated(world: FakeInternet) -> Iterator[Server]:
         leaked = reap(data_dir)
         prefix = gateway_prefix(data_dir)
         left = netns_with(prefix) + links_with(prefix)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked and not left, (leaked, left)
 
 
@@ -172,5 +172,5 @@ def test_close_and_crash_leave_no_network_objects(world: FakeInternet) -> None:
             if s is not None:
                 s.stop()
         leaked = reap(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked

@@ -38,10 +38,20 @@ import pytest
 
 from netgate.netns import run_in_netns
 from netgate.testing import FOREIGN_DNS, FakeInternet
+from rigd.backends import evidence as rig_evidence
 from rigd.cli import Client
 from rigd.images import find_assets
 from rigd.images.pack import ensure_pack
-from tests.integration.conftest import REPO, Server, make_data_dir, reap, start_server
+from tests.integration.conftest import (
+    REPO,
+    Server,
+    make_data_dir,
+    reap,
+    remove_tree,
+    server_home,
+    start_server,
+    track_server,
+)
 
 pytestmark = [
     pytest.mark.vm, pytest.mark.netgate, pytest.mark.timeout(900),
@@ -249,7 +259,7 @@ def test_user_mode_forced_as_root(world: FakeInternet) -> None:
         listener.close()
         srv.stop()
         leaked = reap(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked
 
 
@@ -273,7 +283,7 @@ def unprivileged_assets() -> None:
     try:
         rootfs = ensure_pack(assets, shared).resolve()
     finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        remove_tree(shared)
     UNPRIV_PACKS.mkdir(exist_ok=True)
     os.chown(UNPRIV_PACKS, NOBODY, NOBODY)
     os.chmod(UNPRIV_PACKS, 0o711)
@@ -307,7 +317,7 @@ def start_unprivileged(world: FakeInternet) -> tuple[Server, Path]:
     try:
         return _start_unprivileged(world, data_dir)
     except BaseException:
-        shutil.rmtree(data_dir, ignore_errors=True)  # the test's own cleanup never runs
+        remove_tree(data_dir)  # the test's own cleanup never runs
         raise
 
 
@@ -320,18 +330,22 @@ def _start_unprivileged(world: FakeInternet, data_dir: Path) -> tuple[Server, Pa
         os.chown(p, NOBODY, NOBODY)
         os.chmod(p, 0o711)
     os.chmod(ca, 0o644)
-    log_path = data_dir / "server.log"
+    home = server_home(data_dir)  # its log and its rigs' evidence, kept if the test fails
+    os.chown(home / "rigs", NOBODY, NOBODY)
+    log_path = home / "server.log"
     code = readable_code(data_dir / "code")
     site = code / "site-packages"
     python = "/usr/bin/python3"  # this test's interpreter may live where nobody cannot enter
     argv = ["ip", "netns", "exec", world.netns,
             "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
             "env", "-i", "PATH=/usr/bin:/bin", "HOME=/nonexistent", f"PYTHONPATH={site}:{code}",
+            f"{rig_evidence.ENV}={home / 'rigs'}",
             python, "-m", "rigd.cli", "serve", "--data-dir", str(data_dir), "--port", "0", "--accel", "tcg",
             "--log-level", "info", "--cache-dir", str(UNPRIV_CACHE), "--network", "auto",
             "--resolver", f"{world.resolver[0]}:{world.resolver[1]}", "--upstream-ca", str(ca)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=code)
+    track_server(proc, home)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -339,7 +353,7 @@ def _start_unprivileged(world: FakeInternet, data_dir: Path) -> tuple[Server, Pa
         try:
             url = json.loads((data_dir / "server.json").read_text())["url"]
             token = (data_dir / "admin.token").read_text().strip()
-            return Server(data_dir, proc, url, token, log_path), data_dir
+            return Server(data_dir, proc, url, token, log_path, home), data_dir
         except (OSError, ValueError, KeyError):
             time.sleep(0.1)
     proc.kill()
@@ -370,7 +384,7 @@ def test_user_mode_unprivileged_server(world: FakeInternet) -> None:
         leaked = reap(data_dir)
         if leaked:
             sys.stderr.write(srv.log()[-6000:])
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked
 
 
@@ -405,5 +419,5 @@ def test_user_mode_rigs_warm_start_from_their_own_snapshot(world: FakeInternet) 
             os.environ["RIGD_WARM_STARTS"] = env_before
         srv.stop()
         leaked = reap(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked

@@ -5,14 +5,21 @@ serverShutdown; nothing is left behind and the audit sequence keeps growing."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import exec_, make_data_dir, open_terminal, qemu_pids_for, reap, start_server
+from tests.integration.conftest import (
+    exec_,
+    make_data_dir,
+    open_terminal,
+    qemu_pids_for,
+    reap,
+    remove_tree,
+    start_server,
+)
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(300)]
 
@@ -50,7 +57,7 @@ def test_restart_after_kill9_closes_survivors(tmp_path: Path) -> None:
             if srv is not None:
                 srv.stop()
         leaked = reap(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked
 
 
@@ -75,5 +82,5 @@ def test_sigterm_closes_every_rig_and_leaves_no_qemu() -> None:
             if s is not None:
                 s.stop()
         leaked = reap(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked

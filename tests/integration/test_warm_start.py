@@ -31,6 +31,7 @@ from tests.integration.conftest import (
     open_terminal,
     qemu_pids_for,
     reap,
+    remove_tree,
     serving,
     start_server,
 )
@@ -58,7 +59,7 @@ def private_pack_data_dir() -> tuple[Path, Path]:
         os.link(shared, pack / "rootfs.img")
         shutil.copy2(shared.parent / "pack.json", pack / "pack.json")
     except BaseException:
-        shutil.rmtree(d, ignore_errors=True)
+        remove_tree(d)
         raise
     return d, pack / "rootfs.img"
 
@@ -268,5 +269,5 @@ def test_a_snapshot_build_left_by_a_killed_server_is_killed_at_restart() -> None
             if srv is not None:
                 srv.stop()
         leaked = reap(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_tree(data_dir)
         assert not leaked
