@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import trio
 
+from rigd import cleanup
 from rigd.backends.confine import Identity, UidPool, make_private_dir, make_shared_dir
 from rigd.backends.procs import proc_alive
 from rigd.backends.recipe import RigPaths
@@ -128,14 +127,7 @@ class Layout:
 
 def remove_tree(path: Path) -> None:
     """Remove a directory tree; a failure is logged (with the path), not raised."""
-    problems: list[tuple[str, BaseException]] = []
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=lambda _fn, where, exc: problems.append((where, exc)))
-    else:
-        shutil.rmtree(path, onerror=lambda _fn, where, info: problems.append((where, info[1])))
-    for where, exc in problems:
-        if not isinstance(exc, FileNotFoundError):
-            log.warning("cleanup failed", extra={"path": where, "error": str(exc)[:200]})
+    cleanup.remove_tree(path, log=log)
 
 
 def unlink(path: Path) -> None:

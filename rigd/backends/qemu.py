@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ from netgate.policy import Policy
 from netgate.usermode import SOCKET_NAME, UserGate
 from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
 from rigd.backends.confine import Identity, give
+from rigd.backends.evidence import evidence_dir, write_evidence
 from rigd.backends.gates import USER_SANDBOX, NetGate, NetworkConfig
 from rigd.backends.guest_client import GuestConnection, iterate
 from rigd.backends.microvm_argv import SANDBOX
@@ -596,8 +598,20 @@ class QemuMachine:
                     await proc.wait()
             if self.qmp is not None:
                 await self.qmp.aclose()
+            await self._keep_evidence()
             if proc.returncode is None:
                 raise RigdError(f"QEMU pid {proc.pid} survived SIGKILL")
+
+    async def _keep_evidence(self) -> None:
+        """The console, QMP transcript and QEMU's stderr, under ``$RIGD_EVIDENCE_DIR``
+        when the operator (or a test harness) set it; nothing otherwise."""
+        if evidence_dir() is None:
+            return
+        await trio.to_thread.run_sync(functools.partial(
+            write_evidence, self.spec.rig_id, console=self.console.tail(self.console.capacity),
+            qmp=self.qmp.transcript() if self.qmp is not None else "",
+            stderr=self.stderr.tail(self.stderr.capacity), log=self.log,
+        ))
 
 
 class GuestPty:
