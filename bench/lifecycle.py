@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,156 +44,36 @@ from typing import Any
 
 import trio
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# _common (beside this script) puts this checkout first on sys.path, so it comes before rigd.
+from _common import (
+    REAPER,
+    BenchError,
+    Server,
+    fmt_ms,
+    fmt_s,
+    leaves,
+    med,
+    start_server,
+    stop_server,
+    tail,
+)
 
-from rigd.backends.guest_client import GuestConnection  # noqa: E402
-from rigd.backends.microvm_argv import microvm_argv  # noqa: E402
-from rigd.backends.procs import proc_alive, proc_start_ticks, resident_mb  # noqa: E402
-from rigd.backends.qmp_client import QMPConnection  # noqa: E402
-from rigd.backends.snapshot import ENV_SWITCH, META_FILE, load_memory  # noqa: E402
-from rigd.cli import Client, ClientError  # noqa: E402
-from rigd.errors import GuestError  # noqa: E402
-from rigd.images import TerminalAssets, find_assets  # noqa: E402
-from rigd.images.pack import ensure_pack  # noqa: E402
-from rigd.server.main import publish_assets  # noqa: E402
+from rigd.backends.guest_client import GuestConnection
+from rigd.backends.microvm_argv import microvm_argv
+from rigd.backends.procs import proc_alive, resident_mb
+from rigd.backends.qmp_client import QMPConnection
+from rigd.backends.snapshot import ENV_SWITCH, META_FILE, load_memory
+from rigd.cli import ClientError
+from rigd.errors import GuestError
+from rigd.images import TerminalAssets, find_assets
+from rigd.images.pack import ensure_pack
+from rigd.server.main import publish_assets
 
 TARGET_WARM = 5.0
 log = logging.getLogger("bench")
 
 
-class BenchError(Exception):
-    pass
-
-
-# --- every process we start, killed by pid ---------------------------------------
-
-
-class Reaper:
-    """Pids with start times (a recycled pid is never hit) of everything we started."""
-
-    def __init__(self) -> None:
-        self.pids: dict[int, tuple[int | None, str]] = {}
-
-    def add(self, pid: int, what: str) -> None:
-        self.pids[pid] = (proc_start_ticks(pid), what)
-
-    def discard(self, pid: int) -> None:
-        self.pids.pop(pid, None)
-
-    def alive(self) -> list[tuple[int, str]]:
-        return [(pid, what) for pid, (ticks, what) in self.pids.items() if proc_alive(pid, ticks)]
-
-    def kill_all(self, wait_s: float = 10.0) -> None:
-        for pid, (ticks, _what) in list(self.pids.items()):
-            if proc_alive(pid, ticks):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + wait_s
-        for pid, (ticks, _what) in list(self.pids.items()):
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-            while proc_alive(pid, ticks) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if not proc_alive(pid, ticks):
-                self.discard(pid)
-
-
-REAPER = Reaper()
-
-
-def children_of(ppid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                raw = Path(f"/proc/{entry}/stat").read_bytes()
-                if int(raw[raw.rfind(b")") + 2 :].split()[1]) == ppid:
-                    out.append(int(entry))
-    return out
-
-
-# --- numbers ---------------------------------------------------------------------
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def fmt_s(x: float) -> str:
-    return f"{x:.2f} s"
-
-
-def fmt_ms(x: float) -> str:
-    if x < 0.001:
-        return f"{x * 1e6:.0f} µs"
-    return f"{x * 1000:.1f} ms" if x < 0.1 else f"{x * 1000:.0f} ms"
-
-
-def _tail(data: bytes | str, n: int = 1500) -> str:
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    return text[-n:].strip()
-
-
-# --- the servers -------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Srv:
-    name: str
-    data_dir: Path
-    proc: subprocess.Popen[bytes]
-    client: Client
-    log_path: Path
-    rig_pids: dict[str, int] = field(default_factory=dict)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def start_server(args: argparse.Namespace, name: str, data_dir: Path, *, warm: bool) -> Srv:
-    rigd = REPO / ".venv" / "bin" / "rigd"
-    cmd = [str(rigd) if rigd.exists() else "rigd", "serve", "--data-dir", str(data_dir), "--port", "0",
-           "--accel", args.accel, "--qemu", args.qemu, "--log-level", "info"]
-    env = {**os.environ, ENV_SWITCH: "1" if warm else "0"}
-    log_path = data_dir / "bench-server.log"
-    (data_dir / "server.json").unlink(missing_ok=True)
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True, env=env)
-    REAPER.add(proc.pid, f"rigd serve ({name})")
-    deadline = time.monotonic() + 120
-    while not (data_dir / "server.json").exists():
-        if proc.poll() is not None:
-            raise BenchError(f"rigd serve ({name}) exited ({proc.returncode}): "
-                             f"{_tail(log_path.read_bytes())}")
-        if time.monotonic() > deadline:
-            raise BenchError(f"rigd serve ({name}) did not write server.json within 120 s")
-        time.sleep(0.05)
-    url = json.loads((data_dir / "server.json").read_text())["url"]
-    token = (data_dir / "admin.token").read_text().strip()
-    return Srv(name, data_dir, proc, Client(url, token), log_path)
-
-
-def stop_server(srv: Srv) -> None:
-    """SIGTERM (the server closes its rigs), then SIGKILL; any QEMU it left is killed by pid."""
-    for child in children_of(srv.proc.pid):
-        with contextlib.suppress(OSError):
-            if Path(f"/proc/{child}/comm").read_text().startswith("qemu"):
-                REAPER.add(child, f"qemu of {srv.name}")
-    if srv.proc.poll() is None:
-        srv.proc.send_signal(signal.SIGTERM)
-        try:
-            srv.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            print(f"bench: rigd serve ({srv.name}) ignored SIGTERM for 60 s; killing it", file=sys.stderr)
-            srv.proc.kill()
-            srv.proc.wait()
-    REAPER.discard(srv.proc.pid)
-
-
-def rig_open(srv: Srv, args: argparse.Namespace) -> dict[str, Any]:
+def rig_open(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
     rig = srv.client.call("rig.open", {"workspace": "default", "surface": "terminal",
                                        "memoryMb": args.memory_mb, "vcpus": args.vcpus},
                           timeout=args.boot_timeout + 60)
@@ -207,7 +86,7 @@ def rig_open(srv: Srv, args: argparse.Namespace) -> dict[str, Any]:
     return dict(rig)
 
 
-def rig_exec(srv: Srv, rig_id: str, argv: list[str] | None = None) -> dict[str, Any]:
+def rig_exec(srv: Server, rig_id: str, argv: list[str] | None = None) -> dict[str, Any]:
     out = srv.client.call("rig.act", {"rigId": rig_id, "tool": "terminal_use",
                                       "action": {"action": "exec", "argv": argv or ["true"]}})
     if out.get("exitCode") != 0:
@@ -215,25 +94,25 @@ def rig_exec(srv: Srv, rig_id: str, argv: list[str] | None = None) -> dict[str, 
     return dict(out)
 
 
-def rig_close(srv: Srv, rig_id: str) -> None:
+def rig_close(srv: Server, rig_id: str) -> None:
     srv.client.call("rig.close", {"rigId": rig_id})
     pid = srv.rig_pids.pop(rig_id, None)
     if pid is not None:
-        ticks = REAPER.pids.get(pid, (None, ""))[0]
+        ticks = REAPER.ticks(pid)
         deadline = time.monotonic() + 30
         while proc_alive(pid, ticks) and time.monotonic() < deadline:
             time.sleep(0.02)
         REAPER.discard(pid)
 
 
-def boot_of(srv: Srv, rig: dict[str, Any]) -> str:
+def boot_of(srv: Server, rig: dict[str, Any]) -> str:
     """How the rig came up: its ``boot`` field once the Rig shows it, else the server log."""
     if isinstance(rig.get("boot"), str):
         return str(rig["boot"])
     return "warm" if re.search(rf"rigd\.rig\.{re.escape(rig['id'])} restored\b", srv.log()) else "cold"
 
 
-def open_to_first_exec(srv: Srv, args: argparse.Namespace) -> tuple[float, dict[str, Any]]:
+def open_to_first_exec(srv: Server, args: argparse.Namespace) -> tuple[float, dict[str, Any]]:
     t0 = time.perf_counter()
     rig = rig_open(srv, args)
     rig_exec(srv, rig["id"])
@@ -244,16 +123,16 @@ def snapshot_dirs(data_dir: Path) -> list[Path]:
     return sorted(p.parent for p in (data_dir / "rigs" / "smolvm-packs").glob(f"*/snapshots/*/{META_FILE}"))
 
 
-def wait_snapshot(srv: Srv, timeout: float = 300) -> Path:
+def wait_snapshot(srv: Server, timeout: float = 300) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = snapshot_dirs(srv.data_dir)
         if found:
             return found[0]
         if srv.proc.poll() is not None:
-            raise BenchError(f"rigd serve ({srv.name}) died: {_tail(srv.log())}")
+            raise BenchError(f"rigd serve ({srv.name}) died: {tail(srv.log(), 1500)}")
         time.sleep(0.2)
-    raise BenchError(f"the warm server built no snapshot within {timeout:.0f} s: {_tail(srv.log())}")
+    raise BenchError(f"the warm server built no snapshot within {timeout:.0f} s: {tail(srv.log(), 1500)}")
 
 
 # --- (1) warm start vs cold boot -----------------------------------------------------
@@ -268,7 +147,7 @@ class WarmResult:
     snapshot_meta: dict[str, Any]
 
 
-def measure_warm(args: argparse.Namespace, warm: Srv, cold: Srv) -> WarmResult:
+def measure_warm(args: argparse.Namespace, warm: Server, cold: Server) -> WarmResult:
     print("(1) rig.open → first exec answered: warm start (snapshot restore) vs cold boot "
           f"({ENV_SWITCH}=0 server)", flush=True)
     s, rig = open_to_first_exec(warm, args)  # the first rig of the pack boots cold, then a snapshot is built
@@ -338,7 +217,7 @@ async def raw_vm(args: argparse.Namespace, assets: TerminalAssets, rootfs: Path,
             capture_stdout=True, capture_stderr=True, check=False,
         )
         if res.returncode != 0:
-            raise BenchError(f"qemu-img create failed: {_tail(res.stderr)}")
+            raise BenchError(f"qemu-img create failed: {tail(res.stderr, 1500)}")
         argv = microvm_argv(
             qemu=args.qemu, accel=args.accel, memory_mb=args.memory_mb, vcpus=args.vcpus,
             kernel=assets.kernel, initrd=assets.initrd, root_disk=overlay, tools_disk=assets.tools,
@@ -369,7 +248,7 @@ async def raw_vm(args: argparse.Namespace, assets: TerminalAssets, rootfs: Path,
                             break
                         except GuestError:
                             if guest.closed or proc.poll() is not None:
-                                err = _tail((vm_dir / "qemu.err").read_bytes())
+                                err = tail((vm_dir / "qemu.err").read_bytes(), 1500)
                                 raise BenchError(f"raw VM died: {err}") from None
             except trio.TooSlowError:
                 raise BenchError(f"raw VM not ready within {args.boot_timeout} s") from None
@@ -455,14 +334,14 @@ class ServerParkResult:
     rss: dict[str, list[int]] = field(default_factory=dict)
 
 
-def park(srv: Srv, rig_id: str) -> dict[str, Any]:
+def park(srv: Server, rig_id: str) -> dict[str, Any]:
     rig = srv.client.call("rig.park", {"rigId": rig_id})
     if rig.get("phase") != "parked":
         raise BenchError(f"rig.park answered phase {rig.get('phase')}")
     return dict(rig)
 
 
-def measure_server_park(args: argparse.Namespace, warm: Srv) -> ServerParkResult:
+def measure_server_park(args: argparse.Namespace, warm: Server) -> ServerParkResult:
     rig = rig_open(warm, args)
     try:
         try:
@@ -495,10 +374,10 @@ def measure_server_park(args: argparse.Namespace, warm: Srv) -> ServerParkResult
         rig_close(warm, rig["id"])
 
 
-def measure_server_rss(args: argparse.Namespace, warm: Srv, cold: Srv, out: ServerParkResult) -> None:
+def measure_server_rss(args: argparse.Namespace, warm: Server, cold: Server, out: ServerParkResult) -> None:
     print(f"(3) resident MB of parked rigs: {args.rss_rigs} warm-started and {args.rss_rigs} cold-booted, "
           f"parked after {args.settle:.0f} s idle (VmRSS of QEMU)", flush=True)
-    opened: list[tuple[Srv, str, str]] = []
+    opened: list[tuple[Server, str, str]] = []
     try:
         for _ in range(args.rss_rigs):
             for srv in (warm, cold):
@@ -544,7 +423,7 @@ def run(args: argparse.Namespace, root: Path) -> int:
     private_pack(rootfs, cold_dir)
     print(f"pack {rootfs.parent.name[:16]}… ({time.perf_counter() - t:.1f} s)", flush=True)
     assets = publish_assets(cache_assets, warm_dir)  # the very files the warm server's rigs boot
-    servers: list[Srv] = []
+    servers: list[Server] = []
     try:
         warm = start_server(args, "warm", warm_dir, warm=True)
         servers.append(warm)
@@ -626,12 +505,6 @@ def _sigterm(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
@@ -642,12 +515,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = run(args, root)
     except BaseException as exc:
-        leaves = _leaves(exc)
-        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+        found = leaves(exc)
+        if any(isinstance(e, KeyboardInterrupt) for e in found):
             print("bench: interrupted", file=sys.stderr)
             rc = 130
-        elif all(isinstance(e, BenchError | ClientError) for e in leaves):
-            for e in leaves:
+        elif all(isinstance(e, BenchError | ClientError) for e in found):
+            for e in found:
                 print(f"bench: {e}", file=sys.stderr)
             rc = 1
         else:
@@ -664,8 +537,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in ("warm", "cold"):
                 logf = root / name / "bench-server.log"
                 if logf.exists():
-                    tail = _tail(logf.read_bytes(), 2000)
-                    print(f"bench: {name} server log tail:\n{tail}", file=sys.stderr)
+                    print(f"bench: {name} server log tail:\n{tail(logf.read_bytes(), 2000)}",
+                          file=sys.stderr)
         if args.keep:
             print(f"bench: kept {root}", file=sys.stderr)
         else:
