@@ -97,10 +97,10 @@ class QemuBackend:
                     await trio.to_thread.run_sync(self.snapshots.restore_failed, plan.warm, reason)
                     await trio.to_thread.run_sync(remove_files, paths)
                     make_private_dir(paths.rig_dir, identity)
-                    plan = cold_plan(recipe)
+                    plan = cold_plan(recipe, plan.warm)
             async with self._start(spec, recipe, plan, paths, identity, gateway, log,
                                    progress) as machine:
-                if plan.warm is not None:  # none yet, or the one there failed to restore
+                if plan.warm is not None:  # none yet, or the one there failed to restore (rebuilt once)
                     self.snapshots.schedule(recipe, spec, plan.warm)
                 yield machine
 

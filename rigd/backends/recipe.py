@@ -158,9 +158,11 @@ def plan_open(recipe: BootRecipe, warm: WarmPlan | None) -> OpenPlan:
     return OpenPlan(None, recipe.backing, recipe.backing_format, warm)
 
 
-def cold_plan(recipe: BootRecipe) -> OpenPlan:
-    """The plan after a warm start failed: boot cold, seed nothing now."""
-    return OpenPlan(None, recipe.backing, recipe.backing_format, None)
+def cold_plan(recipe: BootRecipe, warm: WarmPlan | None) -> OpenPlan:
+    """The plan after a warm start failed: boot cold, and seed the shape again (the
+    snapshot service's :func:`~rigd.backends.snapshot.should_build` rebuilds a
+    discarded snapshot once, then leaves a shape that keeps failing alone)."""
+    return OpenPlan(None, recipe.backing, recipe.backing_format, warm)
 
 
 class NoScreen:

@@ -428,3 +428,22 @@ def test_should_build_throttles_failed_builds_and_repeated_restore_failures() ->
                             retry_s=60)
     assert should_build(200.0, building=False, build_failed_at=None, restore_failures=[80.0, 95.0],
                         retry_s=60)
+
+
+def test_plans_are_warm_only_with_a_snapshot_and_a_failed_restore_still_seeds(
+    backend: tuple[TerminalRecipe, Path],
+) -> None:
+    from rigd.backends.recipe import cold_plan, plan_open
+
+    be, rootfs = backend
+    none_yet = warm(be)
+    plan = plan_open(be, none_yet)
+    assert plan.snapshot is None and plan.backing == rootfs and plan.backing_format == "raw"
+    assert plan.warm is none_yet  # a cold boot of this shape seeds its snapshot
+    build(none_yet.store, none_yet.key, none_yet.material)
+    ready = warm(be)
+    plan = plan_open(be, ready)
+    assert plan.snapshot is not None and plan.backing == ready.snapshot.disk and plan.backing_format == "qcow2"
+    after = cold_plan(be, plan.warm)  # the restore failed: boot cold, build the shape again
+    assert after.snapshot is None and after.backing == rootfs and after.warm is ready
+    assert plan_open(be, None).warm is None  # a shape that may not start warm seeds nothing
