@@ -59,6 +59,23 @@ class Conflict(RigdError):
     code = -32009
 
 
+class TooManyRequests(RigdError):
+    """A WebSocket has as many requests in flight as it may; this one was not started.
+
+    ``limit`` is the bound; the client waits for replies before sending more.
+    """
+
+    code = -32029
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"too many requests in flight on this WebSocket: the limit is {limit}; "
+            "wait for replies before sending more",
+            limit=limit, reason=f"at most {limit} requests in flight per WebSocket",
+        )
+        self.limit = limit
+
+
 class BackendError(RigdError):
     """The hypervisor or guest failed to do what was asked."""
 

@@ -1,6 +1,8 @@
 """An in-memory backend for unit tests of the rig manager (STYLE.md: the fake
 lives beside the interface). It boots nothing; ``exec`` answers ``echo`` and
-``exit N`` and can be told to die, to fail at boot, or to hang."""
+``exit N`` and can be told to die, to fail at boot, or to hang. Computer rigs
+get a :class:`FakeDesktopMachine`: a screen that changes on every grab (for
+tests of the live view's transport, not of what it shows)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import trio
 
 from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
 from rigd.errors import BackendError, FieldError
-from rigd.model import Accel, Backend
+from rigd.frames import Still
+from rigd.model import Accel, Backend, Surface
 from rigd.protocols.input import Step
 
 
@@ -107,6 +110,37 @@ class FakeMachine:
         return self.rss_mb
 
 
+@dataclass(slots=True)
+class FakeDesktopMachine(FakeMachine):
+    """A computer rig's fake machine. Every still is new: ``still_bytes`` bytes
+    (scaled into the asked size) whose every 8-byte word is the grab number,
+    so a reader can tell frames apart and see a torn one; input plans are
+    recorded in ``plans``."""
+
+    screen: tuple[int, int] = (1280, 800)
+    still_bytes: int = 48 * 1024
+    grabs: int = 0
+    plans: list[list[Step]] = field(default_factory=list)
+
+    @property
+    def display(self) -> tuple[int, int] | None:
+        return self.screen
+
+    async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
+                    mark_cursor: bool = True) -> Frame:
+        await trio.lowlevel.checkpoint()
+        self.grabs += 1
+        w, h = self.screen
+        scale = max(w / max_w, h / max_h, 1.0)
+        data = self.grabs.to_bytes(8, "big") * (self.still_bytes // 8)
+        media = "image/png" if fmt == "png" else "image/jpeg"
+        return Frame(Still(data, media, w, h, round(w / scale), round(h / scale), scale), "fake", None, False)
+
+    async def send_input(self, steps: Sequence[Step]) -> None:
+        await trio.lowlevel.checkpoint()
+        self.plans.append(list(steps))
+
+
 class FakeBackend:
     name = Backend.SMOLVM
 
@@ -134,7 +168,10 @@ class FakeBackend:
                            image="sha256:fake", security_boundary=False)
         if self.fault == "restore":
             raise LookupError("fake restore bug")
-        machine = FakeMachine(spec, info, policy=spec.network.policy if spec.network else None)
+        kind = FakeDesktopMachine if spec.surface is Surface.COMPUTER else FakeMachine
+        machine = kind(spec, info, policy=spec.network.policy if spec.network else None)
+        if isinstance(machine, FakeDesktopMachine) and spec.display is not None:
+            machine.screen = spec.display
         self.machines.append(machine)
         async with trio.open_nursery() as nursery:  # the machine's own tasks
             if self.fault in ("pump", "pump-group"):

@@ -3,7 +3,10 @@
 Routes:
 - ``POST /rpc`` and ``GET /rpc`` (WebSocket): JSON-RPC 2.0 (rigd.server.rpc).
   Bodies and frames over 256 KB are refused: HTTP 413; WebSocket close 1009
-  (enforced by hypercorn's ``websocket_max_message_size``).
+  (enforced by hypercorn's ``websocket_max_message_size``). A WebSocket has
+  at most ``MAX_IN_FLIGHT`` requests in flight (a batch is one); past that a
+  request is answered with :class:`~rigd.errors.TooManyRequests` and not run
+  (rigd.server.wsio).
 - ``/rig/term/<rigId>`` (WebSocket): an interactive PTY. Authenticated by a
   bearer token or a signed ``rig-term`` target, plus membership.
 - ``/rig/live/<rigId>`` (WebSocket): a computer rig's live view
@@ -23,14 +26,17 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from rigd.auth import Signer, bearer
-from rigd.errors import RigdError, Unauthorized
+from rigd.errors import RigdError, TooManyRequests, Unauthorized
 from rigd.rigs import Caller, RigManager
-from rigd.server.rpc import Dispatcher, error
+from rigd.server.rpc import Dispatcher, error, refusal
+from rigd.server.wsio import LockedSender, Message, serve_requests
 from rigd.store.aio import Stores
 
 log = logging.getLogger("rigd.server")
 
 MAX_INBOUND = 256 * 1024
+#: Requests one RPC WebSocket may have in flight (started and not yet answered).
+MAX_IN_FLIGHT = 64
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -54,20 +60,19 @@ class ServerContext:
 
 
 class WsSession:
-    """One RPC WebSocket: a send lock, and the event subscriptions it holds.
+    """One RPC WebSocket: its one sender, and the event subscriptions it holds.
 
     Each subscription is forwarded by one task, so a subscriber sees a
     workspace's events in order, as ``rig.event`` notifications.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, sender: LockedSender) -> None:
         self._nursery = nursery
-        self._send_lock = trio.Lock()
+        self._sender = sender
         self._subscribed: set[str] = set()
 
     async def send(self, payload: Any) -> None:
-        async with self._send_lock:
-            await websocket.send(json.dumps(payload))
+        await self._sender.send_json(payload)
 
     def subscribe(self, workspace_id: str, channel: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
         if workspace_id in self._subscribed:
@@ -116,18 +121,16 @@ def create_app(ctx: ServerContext) -> QuartTrio:
         except RigdError as exc:
             return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, 401)
         await websocket.accept()
+        too_many = TooManyRequests(MAX_IN_FLIGHT)
         async with trio.open_nursery() as nursery:
-            session = WsSession(nursery)
+            session = WsSession(nursery, LockedSender(websocket.send))
             session_caller = Caller(caller.user, session=session)
 
-            async def answer(message: str | bytes) -> None:
-                reply = await ctx.dispatcher.handle_bytes(session_caller, message)
-                if reply is not None:
-                    await session.send(reply)
+            async def answer(message: Message) -> Any:
+                return await ctx.dispatcher.handle_bytes(session_caller, message)
 
-            while True:
-                message = await websocket.receive()
-                nursery.start_soon(answer, message)
+            await serve_requests(nursery, websocket.receive, answer, lambda m: refusal(m, too_many),
+                                 session.send, limit=MAX_IN_FLIGHT)
         return None
 
     @app.websocket("/rig/term/<rig_id>")

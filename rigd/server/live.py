@@ -9,8 +9,9 @@ Server → client:
 
 - a text frame ``{"type": "frame", "seq": N, "display": {"width", "height"},
   "imageSize": {...}, "scale": s, "mediaType": "image/jpeg", "bytes": n}``
-  immediately followed by one binary frame with the image, whenever the
-  screen changed (frames up to 2560x1600 — a person's view is not capped at
+  immediately followed by one binary frame with the image (the pair is
+  written under the socket's one send lock, so a pong or an error never lands
+  between them), whenever the screen changed (frames up to 2560x1600 — a person's view is not capped at
   the agent's 1280x800);
 - ``{"type": "hello", "control": bool, ...}`` first, and
   ``{"type": "error", "field"?, "reason"}`` for refused input.
@@ -46,6 +47,7 @@ from rigd.frames import Still
 from rigd.model import HUMAN_STILL_MAX
 from rigd.protocols import input as qin
 from rigd.server.app import ServerContext, json_response, lane_caller, lane_refusal
+from rigd.server.wsio import LockedSender
 from rigd.verbs.masking import mask
 
 #: The fastest the view polls the screen; a grab itself takes ~0.1-0.6 s under TCG.
@@ -67,26 +69,27 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
     if machine is None or display is None:
         return json_response({"error": {"message": "only rigs with a screen have a live view"}}, 409)
     await websocket.accept()
+    # Frames come from one task, pongs and errors from the reader: one send lock.
+    out = LockedSender(websocket.send)
     counts: dict[str, int] = {"frames": 0, "inputs": 0, "refused": 0}
     await ctx.rigs.audit_event(rig, caller, "view_open", {})
-    await websocket.send(json.dumps({
+    await out.send_json({
         "type": "hello", "rigId": rig_id, "control": rig.person_controller == caller.user.id,
         "display": {"width": display[0], "height": display[1]},
-    }))
+    })
     try:
         async with trio.open_nursery() as nursery:
 
             async def frames() -> None:
                 async for still, source in changed_frames(machine, lambda: ctx.rigs.keep_watched(rig)):
                     counts["frames"] += 1
-                    await websocket.send(json.dumps({
+                    await out.send_json({
                         "type": "frame", "seq": counts["frames"], "source": source,
                         "display": {"width": still.display_w, "height": still.display_h},
                         "imageSize": {"width": still.image_w, "height": still.image_h},
                         "scale": round(still.scale, 6), "mediaType": still.media_type,
                         "bytes": len(still.data),
-                    }))
-                    await websocket.send(still.data)
+                    }, still.data)
 
             nursery.start_soon(frames)
             while True:
@@ -97,7 +100,7 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
                     if not isinstance(msg, dict):
                         raise FieldError("message", "must be a JSON object in a text frame")
                     if msg.get("type") == "ping":
-                        await websocket.send(json.dumps({"type": "pong"}))
+                        await out.send_json({"type": "pong"})
                         continue
                     if rig.person_controller != caller.user.id:
                         counts["refused"] += 1
@@ -107,8 +110,8 @@ async def serve_live(ctx: ServerContext, rig_id: str) -> Any:
                     await ctx.rigs.live_input(rig, caller, machine, plan, shape)
                     counts["inputs"] += 1
                 except RigdError as exc:
-                    await websocket.send(json.dumps({"type": "error", **exc.to_json().get("data", {}),
-                                                     "reason": exc.message}))
+                    await out.send_json({"type": "error", **exc.to_json().get("data", {}),
+                                         "reason": exc.message})
     finally:
         with trio.CancelScope(shield=True):
             await ctx.rigs.audit_event(rig, caller, "view_close", dict(counts))

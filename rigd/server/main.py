@@ -291,6 +291,18 @@ async def _warm_pack(backend: QemuBackend) -> None:
         log.error("could not prepare the terminal pack: %s", exc.message)
 
 
+def http_config(host: str, port: int) -> HyperConfig:
+    """Hypercorn's settings for rigd's app: the bind and the inbound message limit."""
+    hyper = HyperConfig()
+    bind_host = f"[{host}]" if ":" in host else host
+    hyper.bind = [f"{bind_host}:{port}"]
+    hyper.websocket_max_message_size = MAX_INBOUND
+    hyper.accesslog = None
+    hyper.errorlog = logging.getLogger("rigd.http")
+    hyper.graceful_timeout = 2.0
+    return hyper
+
+
 async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
     data_dir = config.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -342,13 +354,7 @@ async def _serve(
     dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker))
     app = create_app(ServerContext(stores, rigs, dispatcher, signer))
 
-    hyper = HyperConfig()
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    hyper.bind = [f"{host}:{config.port}"]
-    hyper.websocket_max_message_size = MAX_INBOUND
-    hyper.accesslog = None
-    hyper.errorlog = logging.getLogger("rigd.http")
-    hyper.graceful_timeout = 2.0
+    hyper = http_config(config.host, config.port)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(snapshots.run)

@@ -39,6 +39,29 @@ def error(rid: Any, code: int, message: str, data: dict[str, Any] | None = None)
     return {"jsonrpc": "2.0", "id": rid, "error": err}
 
 
+def _rid(msg: Any) -> Any:
+    rid = msg.get("id")
+    return rid if rid is None or (isinstance(rid, str | int) and not isinstance(rid, bool)) else None
+
+
+def refusal(body: bytes | str, exc: RigdError) -> Any:
+    """The answer to a message that is refused as a whole (nothing in it runs):
+    ``exc`` for every request in it, under that request's id; ``None`` when it
+    holds only notifications, which get no reply."""
+    err = exc.to_json()
+    try:
+        msg = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return {"jsonrpc": "2.0", "id": None, "error": err}
+    if isinstance(msg, list) and 0 < len(msg) <= MAX_BATCH:
+        replies = [{"jsonrpc": "2.0", "id": _rid(m) if isinstance(m, dict) else None, "error": err}
+                   for m in msg if not isinstance(m, dict) or "id" in m]
+        return replies or None
+    if isinstance(msg, dict):
+        return {"jsonrpc": "2.0", "id": _rid(msg), "error": err} if "id" in msg else None
+    return {"jsonrpc": "2.0", "id": None, "error": err}
+
+
 class Dispatcher:
     def __init__(self, methods: dict[str, Method]) -> None:
         self.methods = methods

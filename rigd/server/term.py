@@ -20,6 +20,7 @@ from quart import websocket
 
 from rigd.errors import FieldError, RigdError
 from rigd.server.app import ServerContext, lane_caller, lane_refusal
+from rigd.server.wsio import LockedSender
 
 MAX_COLS = 1000
 MAX_ROWS = 1000
@@ -43,6 +44,8 @@ async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
     machine = rig.machine
     assert machine is not None
     await websocket.accept()
+    # Output and exit come from the pump, errors from the reader: one send lock.
+    out = LockedSender(websocket.send)
     cols, rows = 80, 24
     try:
         cols = int(websocket.args.get("cols", "80"))
@@ -67,11 +70,11 @@ async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
             async def pump_out() -> None:
                 async for chunk in pty.output():
                     counts["outputBytes"] += len(chunk)
-                    await websocket.send(chunk)
+                    await out.send(chunk)
                 status = pty.exit_status or {}
                 # On record before the person sees the session end.
                 await log_close()
-                await websocket.send(json.dumps({"type": "exit", **status}))
+                await out.send_json({"type": "exit", **status})
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(pump_out)
@@ -85,22 +88,22 @@ async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
                         if not isinstance(msg, dict):
                             raise ValueError
                     except ValueError:
-                        await websocket.send(json.dumps({"type": "error", "field": "message",
-                                                         "reason": "must be a JSON object"}))
+                        await out.send_json({"type": "error", "field": "message",
+                                             "reason": "must be a JSON object"})
                         continue
                     if msg.get("type") == "resize":
                         try:
                             await pty.resize(*_size(msg))
                         except FieldError as exc:
-                            await websocket.send(json.dumps({"type": "error", **exc.data}))
+                            await out.send_json({"type": "error", **exc.data})
                         continue
                     if msg.get("type") == "input" and isinstance(msg.get("data"), str):
                         data = msg["data"].encode()
                     else:
-                        await websocket.send(json.dumps({
+                        await out.send_json({
                             "type": "error", "field": "type",
                             "reason": "must be 'input' (with data) or 'resize' (with cols, rows)",
-                        }))
+                        })
                         continue
                 counts["inputBytes"] += len(data)
                 counts["inputChunks"] += 1
@@ -108,7 +111,7 @@ async def serve_terminal(ctx: ServerContext, rig_id: str) -> Any:
                 await pty.write(data)
     except RigdError as exc:
         with trio.move_on_after(2):
-            await websocket.send(json.dumps({"type": "error", "reason": exc.message}))
+            await out.send_json({"type": "error", "reason": exc.message})
     finally:
         rig.terminals -= 1
         with trio.CancelScope(shield=True):
