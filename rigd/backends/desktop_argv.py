@@ -40,6 +40,7 @@ from rigd.backends.microvm_argv import (
     host_tsc_khz,
     kernel_cmdline,
     machine_head,
+    monitor_and_console,
 )
 from rigd.errors import RigdError
 
@@ -125,16 +126,7 @@ def desktop_argv(
         str(initrd),
         "-append",
         kernel_cmdline(tsc_khz=khz, extra=cmdline_extra, pci=True),
-        # QMP
-        "-chardev",
-        f"socket,id=qmp,path={esc(qmp_socket)},server=on,wait=off",
-        "-mon",
-        "chardev=qmp,mode=control",
-        # Serial console (ttyS0): boot markers, RIGD-AGENT-READY
-        "-chardev",
-        f"socket,id=console,path={esc(console_socket)},server=on,wait=off",
-        "-serial",
-        "chardev:console",
+        *monitor_and_console(qmp_socket, console_socket),
         # The display at the boot size
         "-device",
         disp,

@@ -121,6 +121,17 @@ def kernel_cmdline(*, tsc_khz: int | None, extra: Sequence[str] = (), pci: bool 
     return " ".join(args)
 
 
+def monitor_and_console(qmp_socket: Path, console_socket: Path) -> list[str]:
+    """QMP and the serial console (ttyS0: boot markers, ``RIGD-AGENT-READY``) on
+    Unix sockets QEMU listens on: the same for every machine rigd starts."""
+    return [
+        "-chardev", f"socket,id=qmp,path={esc(qmp_socket)},server=on,wait=off",
+        "-mon", "chardev=qmp,mode=control",
+        "-chardev", f"socket,id=console,path={esc(console_socket)},server=on,wait=off",
+        "-serial", "chardev:console",
+    ]
+
+
 def microvm_argv(
     *,
     qemu: str,
@@ -181,16 +192,7 @@ def microvm_argv(
         str(initrd),
         "-append",
         kernel_cmdline(tsc_khz=khz, extra=cmdline_extra, pci=not micro),
-        # QMP
-        "-chardev",
-        f"socket,id=qmp,path={esc(qmp_socket)},server=on,wait=off",
-        "-mon",
-        "chardev=qmp,mode=control",
-        # Serial console (ttyS0)
-        "-chardev",
-        f"socket,id=console,path={esc(console_socket)},server=on,wait=off",
-        "-serial",
-        "chardev:console",
+        *monitor_and_console(qmp_socket, console_socket),
         # Disks: the order makes them vda (root) and vdb (tools).
         "-drive",
         f"id=root,file={esc(root_disk)},format=qcow2,if=none,discard=unmap",
