@@ -174,6 +174,8 @@ class QemuMachine:
         self._exited = trio.Event()
         self._stderr_done = trio.Event()
         self._shutting_down = False
+        #: Started to restore a snapshot (``-incoming``), not to boot.
+        self._incoming = False
         who = recipe.identity(spec)
         self.accel = who.accel
         _boot, self.grace = timeouts_for(who.accel)
@@ -261,6 +263,7 @@ class QemuMachine:
 
     async def restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
         """Warm start: QEMU waits for a migration stream; the host feeds it the snapshot."""
+        self._incoming = True
         await self._start_qemu(incoming=True)
         try:
             with trio.move_on_after(RESTORE_DEADLINE_S) as deadline:
@@ -607,8 +610,10 @@ class QemuMachine:
         when the operator (or a test harness) set it; nothing otherwise."""
         if evidence_dir() is None:
             return
+        # A rig whose restore failed boots again cold: keep both machines' evidence.
+        name = self.spec.rig_id + ("-restore" if self._incoming else "")
         await trio.to_thread.run_sync(functools.partial(
-            write_evidence, self.spec.rig_id, console=self.console.tail(self.console.capacity),
+            write_evidence, name, console=self.console.tail(self.console.capacity),
             qmp=self.qmp.transcript() if self.qmp is not None else "",
             stderr=self.stderr.tail(self.stderr.capacity), log=self.log,
         ))
