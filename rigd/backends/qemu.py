@@ -329,11 +329,18 @@ class QemuMachine:
     async def _trust_ca(self, pem: str) -> None:
         """Install the rig's broker CA in the guest's trust store (only that CA;
         it signs leaves only for the hosts whose secrets the gateway injects)."""
+        # Not update-ca-certificates: it rehashes every CA in the image, one
+        # openssl process each (~30-60 s under TCG, measured), which pushed a
+        # brokered rig's restore past its deadline. The bundle is what curl,
+        # Python and OpenSSL read; the hash link serves tools that use the
+        # directory; a later update-ca-certificates keeps the CA (it lives in
+        # /usr/local/share/ca-certificates).
+        crt = "/usr/local/share/ca-certificates/rigd-gateway.crt"
         script = (
-            "mkdir -p /usr/local/share/ca-certificates && "
-            "cat > /usr/local/share/ca-certificates/rigd-gateway.crt && "
-            "{ update-ca-certificates >/dev/null 2>&1 || "
-            "cat /usr/local/share/ca-certificates/rigd-gateway.crt >> /etc/ssl/certs/ca-certificates.crt; }"
+            f"mkdir -p /usr/local/share/ca-certificates /etc/ssl/certs && cat > {crt} && "
+            f"cat {crt} >> /etc/ssl/certs/ca-certificates.crt && "
+            f"{{ h=$(openssl x509 -hash -noout -in {crt} 2>/dev/null) && "
+            f"ln -sf {crt} /etc/ssl/certs/$h.0 || true; }}"
         )
         result = await self.exec(["/bin/sh", "-c", script], cwd=None, env=None,
                                  stdin=pem.encode(), timeout_s=60, max_output=4096)
