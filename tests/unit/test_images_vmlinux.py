@@ -12,7 +12,6 @@ from rigd.errors import RigdError
 from rigd.images.vmlinux import (
     extract_vmlinux,
     has_pvh_note,
-    lz4_block_decompress,
     lz4_legacy_decompress,
 )
 
@@ -44,9 +43,12 @@ def lz4_literal_block(data: bytes) -> bytes:
     return b"\xf0" + ext + data
 
 
+def lz4_legacy_frame(*blocks: bytes) -> bytes:
+    return struct.pack("<I", 0x184C2102) + b"".join(struct.pack("<I", len(b)) + b for b in blocks)
+
+
 def lz4_legacy(data: bytes) -> bytes:
-    block = lz4_literal_block(data)
-    return struct.pack("<I", 0x184C2102) + struct.pack("<I", len(block)) + block
+    return lz4_legacy_frame(lz4_literal_block(data))
 
 
 def bzimage(payload: bytes, *, setup_sects: int = 4) -> bytes:
@@ -101,17 +103,28 @@ def test_refuses_a_payload_that_is_not_an_elf() -> None:
 
 def test_lz4_matches_including_overlapping_copies() -> None:
     # token 0x14: 1 literal, match length 4+4=8; literal "a", offset 1 -> "a"*9,
-    # then a final literal-only sequence "bc".
-    block = bytes([0x14]) + b"a" + struct.pack("<H", 1) + bytes([0x20]) + b"bc"
-    out = bytearray()
-    lz4_block_decompress(block, out)
-    assert bytes(out) == b"a" * 9 + b"bc"
+    # then a final literal-only sequence of 11 bytes (the format wants the last
+    # match to start 12 bytes before the end and the last 5 bytes literal).
+    block = bytes([0x14]) + b"a" + struct.pack("<H", 1) + bytes([0xB0]) + b"bcdefghijkl"
+    assert lz4_legacy_decompress(lz4_legacy_frame(block)) == b"a" * 9 + b"bcdefghijkl"
 
 
 def test_lz4_rejects_an_offset_before_the_start() -> None:
     block = bytes([0x10]) + b"a" + struct.pack("<H", 5) + bytes([0x10]) + b"b"
-    with pytest.raises(RigdError, match="offset"):
-        lz4_block_decompress(block, bytearray())
+    with pytest.raises(RigdError, match="corrupt LZ4 block"):
+        lz4_legacy_decompress(lz4_legacy_frame(block))
+
+
+def test_lz4_blocks_are_decoded_independently_and_joined() -> None:
+    first, second = bytes(range(256)) * 3, b"tail" * 50
+    assert lz4_legacy_decompress(lz4_legacy_frame(lz4_literal_block(first), lz4_literal_block(second))) \
+        == first + second
+
+
+def test_a_corrupt_lz4_kernel_payload_names_the_compressor() -> None:
+    bad = lz4_legacy_frame(bytes([0x10]) + b"a" + struct.pack("<H", 5) + bytes([0x10]) + b"b")
+    with pytest.raises(RigdError, match=r"kernel payload \(lz4\) failed to decompress"):
+        extract_vmlinux(bzimage(bad))
 
 
 def test_lz4_legacy_frame_round_trip() -> None:
