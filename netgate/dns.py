@@ -3,8 +3,15 @@
 How this works: a DNS message is a 12-byte header and four sections of
 records; names are length-prefixed labels, possibly compressed with
 pointers back into the message. :func:`parse_message` reads what both sides
-need (questions and answer records) with hard limits (pointer loops, name
-length, record counts) and raises only :class:`DnsFormatError`.
+need (questions and answer records) and raises only :class:`DnsFormatError`.
+The names (compression pointers, label types, the 255-byte limit) and the
+CNAME/NS targets are read by ``dnspython`` (``dns.name.from_wire``,
+``dns.rdata.from_wire``: pointers must point backwards, so a loop cannot
+form); the walk over the header and the two sections stays here, because a
+whole-message parse would also apply what the gateway never asked for (EDNS
+and TSIG rules, UPDATE semantics for opcode 5, merging records into sets)
+and change the answer to odd queries. Labels must be ASCII without dots,
+and a record count above :data:`MAX_RECORDS` is refused before any parse.
 
 :class:`Responder` is the guest-facing side. It answers
 
@@ -35,6 +42,12 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import dns.exception
+import dns.name
+import dns.rdata
+import dns.rdataclass
+import dns.rdatatype
+
 from netgate.policy import IPAddress, normalize_name
 
 TYPE_A = 1
@@ -56,7 +69,6 @@ RCODE_REFUSED = 5
 MAX_MESSAGE = 65535
 MAX_UDP_REPLY = 512
 MAX_RECORDS = 200
-MAX_POINTERS = 32
 
 TYPE_NAMES = {TYPE_A: "A", TYPE_NS: "NS", TYPE_CNAME: "CNAME", TYPE_SOA: "SOA", 12: "PTR", 15: "MX",
               16: "TXT", TYPE_AAAA: "AAAA", 33: "SRV", TYPE_HTTPS: "HTTPS", 64: "SVCB", 255: "ANY"}
@@ -112,37 +124,12 @@ class Message:
         return self.flags & 0xF
 
 
-def _read_name(data: bytes, off: int) -> tuple[str, int]:
-    """Read a (possibly compressed) name at ``off``; return it and the offset after it."""
-    labels: list[str] = []
-    end: int | None = None
-    jumps = 0
-    total = 0
-    while True:
-        if off >= len(data):
-            raise DnsFormatError("name runs past the message")
-        length = data[off]
-        if length & 0xC0 == 0xC0:
-            if off + 1 >= len(data):
-                raise DnsFormatError("truncated pointer")
-            jumps += 1
-            if jumps > MAX_POINTERS:
-                raise DnsFormatError("too many compression pointers")
-            if end is None:
-                end = off + 2
-            off = ((length & 0x3F) << 8) | data[off + 1]
-            continue
-        if length & 0xC0:
-            raise DnsFormatError("unsupported label type")
-        off += 1
-        if length == 0:
-            break
-        if off + length > len(data):
-            raise DnsFormatError("label runs past the message")
-        raw = data[off : off + length]
-        total += length + 1
-        if total > 255:
-            raise DnsFormatError("name longer than 255 bytes")
+def _text(name: dns.name.Name) -> str:
+    """The name as dotted text, case preserved, no trailing dot (ASCII labels without dots only)."""
+    labels = []
+    for raw in name.labels:
+        if not raw:
+            continue  # the root label
         try:
             label = raw.decode("ascii")
         except UnicodeDecodeError:
@@ -150,8 +137,29 @@ def _read_name(data: bytes, off: int) -> tuple[str, int]:
         if "." in label:
             raise DnsFormatError("label contains a dot")
         labels.append(label)
-        off += length
-    return ".".join(labels), (end if end is not None else off)
+    return ".".join(labels)
+
+
+def _read_name(data: bytes, off: int) -> tuple[str, int]:
+    """Read a (possibly compressed) name at ``off``; return it and the offset after it."""
+    try:
+        name, used = dns.name.from_wire(data, off)
+    except dns.exception.DNSException as exc:
+        raise DnsFormatError(f"bad name at offset {off}: {exc}") from None
+    return _text(name), off + used
+
+
+def _read_target(data: bytes, rtype: int, rclass: int, off: int, rdlen: int) -> str:
+    """The target name of a CNAME or NS record's data."""
+    try:
+        rdata = dns.rdata.from_wire(dns.rdataclass.RdataClass.make(rclass),
+                                    dns.rdatatype.RdataType.make(rtype), data, off, rdlen)
+    except dns.exception.DNSException as exc:
+        raise DnsFormatError(f"bad {type_name(rtype)} record data: {exc}") from None
+    target = getattr(rdata, "target", None)
+    if not isinstance(target, dns.name.Name):  # pragma: no cover - dnspython's CNAME/NS carry one
+        raise DnsFormatError(f"{type_name(rtype)} record without a target")
+    return _text(target)
 
 
 def _encode_name(name: str) -> bytes:
@@ -197,7 +205,7 @@ def parse_message(data: bytes) -> Message:
         rdata = data[off : off + rdlen]
         target = None
         if rtype in (TYPE_CNAME, TYPE_NS):
-            target, _ = _read_name(data, off)
+            target = _read_target(data, rtype, rclass, off, rdlen)
         off += rdlen
         answers.append(Record(name, rtype, rclass, ttl, rdata, target))
     return Message(qid, flags, tuple(questions), tuple(answers))

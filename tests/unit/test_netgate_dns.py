@@ -83,6 +83,20 @@ def test_compression_loop_is_an_error_not_a_hang() -> None:
     assert responder().handle(data).data is not None  # FORMERR, no hang
 
 
+@pytest.mark.parametrize(("qname", "why"), [
+    (b"\x03abc\xc0\x20", "points forward"),  # a pointer past the name itself
+    (b"\x02\xc3\xbc\x07example\x00", "non-ASCII"),
+    (b"\x03a.b\x07example\x00", "dot"),
+    (b"\x3f" + b"a" * 63 + b"\x3f" + b"b" * 63 + b"\x3f" + b"c" * 63 + b"\x3f" + b"d" * 63 + b"\x00", "255"),
+])
+def test_unreadable_question_names_are_formerr(qname: bytes, why: str) -> None:
+    data = struct.pack("!6H", 3, 0x0100, 1, 0, 0, 0) + qname + b"\x00\x01\x00\x01" + b"\x00" * 40
+    with pytest.raises(dns.DnsFormatError, match=why):
+        dns.parse_message(data)
+    reply = responder().handle(data)
+    assert reply.data is not None and dns.parse_message(reply.data).rcode == dns.RCODE_FORMERR
+
+
 def _rr(name: bytes, rtype: int, rdata: bytes, ttl: int = 60) -> bytes:
     return name + struct.pack("!2HIH", rtype, dns.CLASS_IN, ttl, len(rdata)) + rdata
 
@@ -97,6 +111,14 @@ def test_upstream_answer_follows_cnames_and_ignores_strays() -> None:
     ans = dns.parse_answer(reply, 77, "www.example.com", dns.TYPE_A)
     assert ans.addresses == (ipaddress.IPv4Address("93.184.216.34"),)  # the stray 10.0.0.1 is ignored
     assert ans.ttl == 30
+
+
+def test_upstream_cname_must_fill_its_record_data() -> None:
+    q = dns.build_query(78, "www.example.com", dns.TYPE_A)
+    target = dns._encode_name("cdn.example.net")
+    reply = struct.pack("!6H", 78, 0x8180, 1, 1, 0, 0) + q[12:] + _rr(b"\xc0\x0c", dns.TYPE_CNAME, target + b"xx")
+    with pytest.raises(dns.DnsError, match="CNAME"):
+        dns.parse_answer(reply, 78, "www.example.com", dns.TYPE_A)
 
 
 def test_upstream_answer_must_match_the_query() -> None:
