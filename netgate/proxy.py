@@ -341,6 +341,11 @@ class Proxy:
             return f"TLS handshake failed: {getattr(exc, 'reason', None) or type(exc).__name__}"
         outcome = ["closed"]
 
+        async def misdirected(cancel: trio.CancelScope) -> None:
+            outcome[0] = "request Host differs from the TLS server name"
+            await guest.send_all(MISDIRECTED)
+            cancel.cancel()
+
         async def requests(cancel: trio.CancelScope) -> None:
             framer = sniff.RequestFramer()
             try:
@@ -349,12 +354,13 @@ class Proxy:
                     if not data:
                         break
                     for ev in framer.feed(bytes(data)):
+                        if isinstance(ev, sniff.Misdirected):  # no Host, or several
+                            await misdirected(cancel)
+                            return
                         if isinstance(ev, sniff.Head):
                             target = sniff.host_of(ev.head)
                             if not (isinstance(target, sniff.ServerName) and target.name == host):
-                                outcome[0] = "request Host differs from the TLS server name"
-                                await guest.send_all(MISDIRECTED)
-                                cancel.cancel()
+                                await misdirected(cancel)
                                 return
                             out = sniff.rewrite_head(ev.head, injection.headers)
                         elif isinstance(ev, sniff.Body | sniff.Opaque):

@@ -3,22 +3,34 @@
 How this works: the proxy feeds each guest connection's first bytes to a
 sniffer until it returns a verdict. :class:`ClientHelloSniffer` reassembles
 the TLS handshake message from as many records and segments as it takes,
-then walks the ClientHello to the ``server_name`` extension.
+then walks the ClientHello to the ``server_name`` extension (no library
+reads a ClientHello without also being a TLS stack, see docs/decisions.md).
 :class:`HttpHostSniffer` waits for the end of the request head and reads the
 ``Host`` header (or an absolute-form target). Both buffer at most a fixed
 number of bytes; past the cap the verdict is :class:`TooLarge`. Neither
 raises on any input: a verdict for garbage is :class:`NotRecognised`. The
 bytes fed are kept (``buffered``) so the proxy can replay them upstream.
 
+A request head (request line and header fields) is parsed by ``h11``
+(:func:`parse_request_head`); the gateway adds its own refusals on top and
+turns h11's errors into fixed reasons (h11's messages quote the offending
+line, and an audit reason never carries payload).
+
 :class:`RequestFramer` is used only for brokered hosts, on the decrypted
 side of the proxy's own TLS: it splits an HTTP/1.1 request stream into heads
-(which the broker rewrites) and body bytes (Content-Length or chunked).
+(which the broker rewrites) and body bytes (Content-Length or chunked). The
+body bytes are passed on exactly as sent, which is why this part is not h11:
+h11 decodes chunked bodies and will not read a second pipelined request
+before a response has been sent through it.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
+
+import h11
 
 from netgate.policy import is_ip_literal, normalize_name
 
@@ -130,33 +142,48 @@ class ClientHelloSniffer:
             return NotRecognised("truncated ClientHello")
 
 
-def _parse_client_hello(body: bytes) -> Verdict:
-    pos = 0
+class _Reader:
+    """A cursor over a TLS structure: fixed fields and length-prefixed vectors; raises :class:`_Truncated`."""
 
-    def take(n: int) -> bytes:
-        nonlocal pos
-        if pos + n > len(body):
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+    def take(self, n: int) -> bytes:
+        if n > self.remaining:
             raise _Truncated
-        out = body[pos : pos + n]
-        pos += n
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
         return out
 
-    take(2 + 32)  # legacy_version, random
-    take(take(1)[0])  # session id
-    take(int.from_bytes(take(2), "big"))  # cipher suites
-    take(take(1)[0])  # compression methods
-    if pos == len(body):
+    def uint(self, size: int) -> int:
+        return int.from_bytes(self.take(size), "big")
+
+    def vector(self, len_size: int) -> bytes:
+        """A vector with a ``len_size``-byte length prefix (RFC 8446 §3.4)."""
+        return self.take(self.uint(len_size))
+
+
+def _parse_client_hello(body: bytes) -> Verdict:
+    r = _Reader(body)
+    r.take(2 + 32)  # legacy_version, random
+    r.vector(1)  # session id
+    r.vector(2)  # cipher suites
+    r.vector(1)  # compression methods
+    if not r.remaining:
         return NoServerName("ClientHello has no extensions")
-    ext_total = int.from_bytes(take(2), "big")
-    end = pos + ext_total
-    if end > len(body):
-        raise _Truncated
+    exts = _Reader(r.vector(2))
     seen: set[int] = set()
     found: Verdict | None = None
-    while pos < end:
-        etype = int.from_bytes(take(2), "big")
-        elen = int.from_bytes(take(2), "big")
-        data = take(elen)
+    while exts.remaining:
+        etype = exts.uint(2)
+        data = exts.vector(2)
         if etype in seen:  # RFC 8446 §4.2: duplicate extensions are an error
             return NotRecognised(f"duplicate extension {etype}")
         seen.add(etype)
@@ -166,21 +193,18 @@ def _parse_client_hello(body: bytes) -> Verdict:
 
 
 def _parse_sni(data: bytes) -> Verdict:
-    if len(data) < 2 or int.from_bytes(data[:2], "big") != len(data) - 2:
-        return NotRecognised("malformed server_name extension")
-    pos = 2
+    r = _Reader(data)
     names: list[bytes] = []
-    while pos < len(data):
-        if pos + 3 > len(data):
+    try:
+        if r.uint(2) != r.remaining:
             return NotRecognised("malformed server_name extension")
-        kind = data[pos]
-        nlen = int.from_bytes(data[pos + 1 : pos + 3], "big")
-        name = data[pos + 3 : pos + 3 + nlen]
-        if len(name) != nlen:
-            return NotRecognised("malformed server_name extension")
-        if kind == 0:
-            names.append(name)
-        pos += 3 + nlen
+        while r.remaining:
+            kind = r.uint(1)
+            name = r.vector(2)
+            if kind == 0:
+                names.append(name)
+    except _Truncated:
+        return NotRecognised("malformed server_name extension")
     if len(names) != 1:
         return NotRecognised(f"{len(names)} host names in server_name")
     try:
@@ -197,6 +221,8 @@ class RequestHead:
     version: str
     headers: tuple[tuple[str, str], ...]  #: (lowercase name, value), in order
     raw: bytes
+    #: (name as sent, value), in order: what :func:`rewrite_head` passes on
+    raw_headers: tuple[tuple[str, str], ...] = ()
 
     def get_all(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k == name]
@@ -206,41 +232,89 @@ class HeadError(ValueError):
     pass
 
 
+class HostError(HeadError):
+    """The head is readable but names no one server: no Host in HTTP/1.1, or more than one Host."""
+
+    def __init__(self, reason: str, *, missing: bool) -> None:
+        super().__init__(reason)
+        self.missing = missing
+
+
+NO_HOST = "request has no Host"
+MANY_HOSTS = "more than one Host header"
+
+#: h11's errors, by how their messages begin, as the gateway's fixed reasons (h11's own
+#: messages quote the offending bytes, which must not reach an audit log).
+_H11_REASONS = (
+    ("illegal request line", "malformed request line"),
+    ("no request line", "malformed request line"),
+    ("Illegal method", "malformed method"),
+    ("Illegal target", "malformed request target"),
+    ("illegal header line", "malformed header line"),
+    ("continuation line", "obsolete line folding"),
+    ("conflicting Content-Length", "bad Content-Length"),
+    ("bad Content-Length", "bad Content-Length"),
+    ("Only Transfer-Encoding: chunked", "unsupported Transfer-Encoding"),
+    ("multiple Transfer-Encoding", "unsupported Transfer-Encoding"),
+)
+
+
+def _from_h11(exc: h11.ProtocolError) -> HeadError:
+    text = str(exc)
+    if text.startswith("Missing mandatory Host"):
+        return HostError(NO_HOST, missing=True)
+    if text.startswith("Found multiple Host"):
+        return HostError(MANY_HOSTS, missing=False)
+    for prefix, reason in _H11_REASONS:
+        if text.startswith(prefix):
+            return HeadError(reason)
+    return HeadError("malformed request head")
+
+
 def parse_request_head(raw: bytes) -> RequestHead:
-    """Parse a request head (up to and including the blank line); raise :class:`HeadError`."""
-    try:
-        text = raw.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        raise HeadError("undecodable head") from None
-    lines = text.split("\r\n")
-    if len(lines) < 2 or lines[-1] != "" or lines[-2] != "":
+    """Parse a request head (up to and including the blank line); raise :class:`HeadError`.
+
+    h11 reads the request line and the fields (token names, field values,
+    Content-Length and Transfer-Encoding values, one Host, and a Host at all
+    in HTTP/1.1, RFC 9112 §3.2). Refused on top, as before: line ends other
+    than CRLF and obsolete line folding (h11 accepts both, and a server
+    behind the gateway might read them differently), versions other than
+    1.0 and 1.1, methods that are not upper-case letters.
+    """
+    if raw.find(b"\r\n\r\n") != len(raw) - 4:
         raise HeadError("head does not end with a blank line")
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        raise HeadError("malformed request line")
-    method, target, version = parts
-    if not method.isascii() or not method.isalpha() or not method.isupper():
+    crlf = raw.count(b"\r\n")
+    if raw.count(b"\n") != crlf or raw.count(b"\r") != crlf:
+        raise HeadError("control character in the head (a CR or LF outside a CRLF)")
+    if b"\r\n " in raw or b"\r\n\t" in raw:
+        raise HeadError("obsolete line folding")
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=len(raw))
+    conn.receive_data(raw)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise _from_h11(exc) from None
+    if not isinstance(event, h11.Request):  # pragma: no cover - a whole head always makes a Request
+        raise HeadError("malformed request head")
+    method = event.method.decode("ascii")  # h11: a token
+    if not (method.isalpha() and method.isupper()):
         raise HeadError("malformed method")
+    version = "HTTP/" + event.http_version.decode("ascii")
     if version not in ("HTTP/1.0", "HTTP/1.1"):
         raise HeadError(f"unsupported version {version[:20]!r}")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:-2]:
-        if not line or line[0] in " \t":
-            raise HeadError("obsolete line folding")
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or any(c in name for c in " \t\x00\r\n"):
-            raise HeadError("malformed header line")
-        if any(c in value for c in "\x00\r\n"):
-            raise HeadError("control character in a header value")
-        headers.append((name.lower(), value.strip(" \t")))
-    return RequestHead(method, target, version, tuple(headers), raw)
+    return RequestHead(
+        method, event.target.decode("ascii"), version,
+        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers),
+        raw,
+        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers.raw_items()),
+    )
 
 
 def host_of(head: RequestHead) -> Verdict:
     """The server a request head names: its Host header, or an absolute-form target."""
     hosts = head.get_all("host")
     if len(hosts) > 1:
-        return NotRecognised("more than one Host header")
+        return NotRecognised(MANY_HOSTS)
     if head.method == "CONNECT":
         return NotRecognised("CONNECT is not proxied")
     target_host = None
@@ -251,7 +325,7 @@ def host_of(head: RequestHead) -> Verdict:
         target_host = rest.split("/", 1)[0].split("?", 1)[0]
     host = hosts[0] if hosts else target_host
     if host is None:
-        return NoServerName("request has no Host")
+        return NoServerName(NO_HOST)
     host = _strip_port(host)
     if host is None:
         return NotRecognised("malformed Host")
@@ -320,6 +394,8 @@ class HttpHostSniffer:
             return TooLarge(self.limit)
         try:
             head = parse_request_head(stripped[: end + 4])
+        except HostError as exc:
+            return NoServerName(str(exc)) if exc.missing else NotRecognised(str(exc))
         except HeadError as exc:
             return NotRecognised(str(exc))
         return host_of(head)
@@ -355,17 +431,25 @@ class Opaque:
     data: bytes
 
 
-FramerEvent = Head | Body | EndOfMessage | FramingError | Opaque
+@dataclass(frozen=True, slots=True)
+class Misdirected:
+    """A readable head that names no one server (no Host in HTTP/1.1, or several): answer 421, close."""
+
+    reason: str
+
+
+FramerEvent = Head | Body | EndOfMessage | FramingError | Misdirected | Opaque
 
 MAX_CHUNK_LINE = 1024
+_CONTENT_LENGTH_LIST = re.compile(rb"\r\ncontent-length:[^\r]*,", re.IGNORECASE)
 
 
 @dataclass(slots=True)
 class RequestFramer:
     """Split a client's HTTP/1.1 byte stream into request heads and bodies. Never raises.
 
-    After a :class:`FramingError` every further feed returns nothing: the proxy
-    closes the connection. After a request that asks to ``Upgrade`` the rest
+    After a :class:`FramingError` or :class:`Misdirected` every further feed
+    returns nothing: the proxy closes the connection. After a request that asks to ``Upgrade`` the rest
     of the stream is :class:`Opaque`.
     """
 
@@ -416,24 +500,32 @@ class RequestFramer:
                 del self._buf[: end + 4]
                 try:
                     head = parse_request_head(raw)
+                except HostError as exc:
+                    self._state = "dead"
+                    self._buf.clear()
+                    out.append(Misdirected(str(exc)))
+                    return
                 except HeadError as exc:
                     self._fail(out, str(exc))
                     return
+                # A head whose body framing is refused is never passed on.
                 te = [v.lower() for v in head.get_all("transfer-encoding")]
                 cl = head.get_all("content-length")
+                if te and (cl or te != ["chunked"]):
+                    self._fail(out, "unsupported Transfer-Encoding / Content-Length combination")
+                    return
+                # h11 merges a list ("5, 5") into one value; the gateway refuses it, as it always has.
+                if cl and (len(set(cl)) != 1 or not cl[0].isdigit() or len(cl[0]) > 18
+                           or _CONTENT_LENGTH_LIST.search(raw)):
+                    self._fail(out, "bad Content-Length")
+                    return
                 out.append(Head(head))
                 if "upgrade" in [t.strip().lower() for v in head.get_all("connection") for t in v.split(",")]:
                     self._state = "opaque"
                     continue
                 if te:
-                    if cl or te != ["chunked"]:
-                        self._fail(out, "unsupported Transfer-Encoding / Content-Length combination")
-                        return
                     self._state = "chunk-size"
                 elif cl:
-                    if len(set(cl)) != 1 or not cl[0].isdigit() or len(cl[0]) > 18:
-                        self._fail(out, "bad Content-Length")
-                        return
                     self._remaining = int(cl[0])
                     self._state = "length"
                 else:
@@ -508,16 +600,6 @@ def rewrite_head(head: RequestHead, set_headers: dict[str, str]) -> bytes:
     """Serialize ``head`` with the named headers replaced (any guest copies dropped)."""
     drop = {k.lower() for k in set_headers}
     lines = [f"{head.method} {head.target} {head.version}"]
-    lines += [f"{k}: {v}" for k, v in _original_case(head) if k.lower() not in drop]
+    lines += [f"{k}: {v}" for k, v in head.raw_headers if k.lower() not in drop]
     lines += [f"{k}: {v}" for k, v in set_headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def _original_case(head: RequestHead) -> list[tuple[str, str]]:
-    out = []
-    for line in head.raw.decode("latin-1").split("\r\n")[1:]:
-        if not line:
-            break
-        name, _, value = line.partition(":")
-        out.append((name, value.strip(" \t")))
-    return out

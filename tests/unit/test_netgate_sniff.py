@@ -87,6 +87,16 @@ def test_duplicate_extension_is_refused() -> None:
     assert isinstance(v, sniff.NotRecognised) and "duplicate" in v.reason
 
 
+def test_an_extension_past_the_extensions_block_is_truncated() -> None:
+    # The extensions block says 6 bytes: one empty extension and the first half of server_name's header.
+    whole = crafted_hello([(0, b"a.example")], extra_ext=b"\x00\x17\x00\x00")
+    body = bytearray(whole[9:])
+    ext_len_at = 2 + 32 + 1 + 4 + 2
+    body[ext_len_at : ext_len_at + 2] = struct.pack("!H", 6)
+    v = sniff.ClientHelloSniffer().feed(whole[:9] + bytes(body))
+    assert isinstance(v, sniff.NotRecognised) and "truncated" in v.reason
+
+
 def test_not_tls_and_oversized() -> None:
     assert isinstance(sniff.ClientHelloSniffer().feed(b"GET / HTTP/1.1\r\n"), sniff.NotRecognised)
     assert isinstance(sniff.ClientHelloSniffer().feed(b"\x16\x02"), sniff.NotRecognised)
@@ -112,7 +122,7 @@ def test_verdict_is_sticky() -> None:
     (b"GET / HTTP/1.1\r\nHost: example.com:80\r\n\r\n", sniff.ServerName("example.com")),
     (b"\r\nGET / HTTP/1.1\r\nhost:example.com\r\n\r\n", sniff.ServerName("example.com")),
     (b"GET http://example.com/x HTTP/1.1\r\nHost: example.com\r\n\r\n", sniff.ServerName("example.com")),
-    (b"GET http://example.com/x HTTP/1.1\r\n\r\n", sniff.ServerName("example.com")),
+    (b"GET http://example.com/x HTTP/1.0\r\n\r\n", sniff.ServerName("example.com")),
     (b"GET / HTTP/1.1\r\nHost: 192.0.2.10\r\n\r\n", sniff.ServerName("192.0.2.10", ip_literal=True)),
     (b"GET / HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n", sniff.ServerName("2001:db8::1", ip_literal=True)),
 ])
@@ -123,6 +133,9 @@ def test_http_host(raw: bytes, expected: sniff.Verdict) -> None:
 
 @pytest.mark.parametrize(("raw", "kind", "reason"), [
     (b"GET / HTTP/1.0\r\n\r\n", sniff.NoServerName, "no Host"),
+    (b"GET / HTTP/1.1\r\n\r\n", sniff.NoServerName, "no Host"),
+    # HTTP/1.1 must carry Host even with an absolute-form target (RFC 9112 §3.2; h11 holds to it).
+    (b"GET http://a.example/ HTTP/1.1\r\n\r\n", sniff.NoServerName, "no Host"),
     (b"GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n", sniff.NotRecognised, "more than one"),
     (b"GET http://a.example/ HTTP/1.1\r\nHost: b.example\r\n\r\n", sniff.NotRecognised, "different servers"),
     (b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example\r\n\r\n", sniff.NotRecognised, "CONNECT"),
@@ -132,10 +145,25 @@ def test_http_host(raw: bytes, expected: sniff.Verdict) -> None:
     (b"GET / HTTP/1.1\r\nHost: user@a.example\r\n\r\n", sniff.NotRecognised, "userinfo"),
     (b"\x16\x03\x01\x00\x05hello", sniff.NotRecognised, "not an HTTP"),
     (b"get / HTTP/1.1\r\n", sniff.NotRecognised, "not an HTTP"),
+    (b"GET / HTTP/1.1\r\nHost: a.example\nX-Smuggle: 1\r\n\r\n", sniff.NotRecognised, "outside a CRLF"),
+    (b"GET / HTTP/1.1\r\nHost: a.example\rX: 1\r\n\r\n", sniff.NotRecognised, "outside a CRLF"),
+    (b"GET /\x7f HTTP/1.1\r\nHost: a.example\r\n\r\n", sniff.NotRecognised, "malformed request line"),
+    (b"GET / HTTP/1.1\r\nHost: a.example\r\nBad\x01Name: 1\r\n\r\n", sniff.NotRecognised, "malformed header"),
+    (b"GET / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+     sniff.NotRecognised, "bad Content-Length"),
 ])
 def test_http_refusals(raw: bytes, kind: type, reason: str) -> None:
     v = sniff.HttpHostSniffer().feed(raw)
     assert isinstance(v, kind) and reason in v.reason, v  # type: ignore[attr-defined]
+
+
+def test_refusal_reasons_never_quote_the_request() -> None:
+    # h11's own messages quote the offending line; an audit reason carries no payload.
+    for raw in (b"GET / HTTP/1.1\r\nHost: a.example\r\nAuthorization : Bearer s3cret\r\n\r\n",
+                b"GET /s3cret  HTTP/1.1\r\nHost: a.example\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: a.example\r\nContent-Length: s3cret\r\n\r\n"):
+        v = sniff.HttpHostSniffer().feed(raw)
+        assert isinstance(v, sniff.NotRecognised) and "s3cret" not in v.reason, v
 
 
 def test_http_head_cap() -> None:
@@ -209,11 +237,27 @@ def test_framer_splits_pipelined_requests(step: int) -> None:
     b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n",
     b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5, 5\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\nTransfer-Encoding: chunked\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding:\r\n chunked\r\n\r\n",
 ])
 def test_framer_refuses_smuggling_shapes(bad: bytes) -> None:
     evs = events(bad, 1000)
     assert isinstance(evs[-1], sniff.FramingError)
+    if not bad.endswith(b"zz\r\n"):  # the body is what is wrong there, not the head
+        assert len(evs) == 1, evs  # a head whose framing is refused is not passed on
     assert sniff.RequestFramer().feed(b"") == []
+
+
+@pytest.mark.parametrize("head", [
+    b"GET / HTTP/1.1\r\nX-A: 1\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: h.example\r\nHost: other.example\r\n\r\n",
+])
+def test_framer_flags_a_head_without_one_host_as_misdirected(head: bytes) -> None:
+    # The proxy answers these 421, as it does a Host that differs from the TLS server name.
+    evs = events(head + b"GET / HTTP/1.1\r\nHost: h.example\r\n\r\n", 1000)
+    assert len(evs) == 1 and isinstance(evs[0], sniff.Misdirected), evs
 
 
 def test_framer_goes_opaque_after_upgrade() -> None:
