@@ -302,12 +302,10 @@ def parse_request_head(raw: bytes) -> RequestHead:
     version = "HTTP/" + event.http_version.decode("ascii")
     if version not in ("HTTP/1.0", "HTTP/1.1"):
         raise HeadError(f"unsupported version {version[:20]!r}")
-    return RequestHead(
-        method, event.target.decode("ascii"), version,
-        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers),
-        raw,
-        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers.raw_items()),
-    )
+    fields = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers.raw_items())
+    # Names are tokens (ASCII), so lower-casing the text is what h11 does to the bytes.
+    return RequestHead(method, event.target.decode("ascii"), version,
+                       tuple((k.lower(), v) for k, v in fields), raw, fields)
 
 
 def host_of(head: RequestHead) -> Verdict:
