@@ -281,7 +281,7 @@ def parse_request_head(raw: bytes) -> RequestHead:
     behind the gateway might read them differently), versions other than
     1.0 and 1.1, methods that are not upper-case letters.
     """
-    if raw.find(b"\r\n\r\n") != len(raw) - 4:
+    if not raw.endswith(b"\r\n\r\n") or raw.find(b"\r\n\r\n") != len(raw) - 4:
         raise HeadError("head does not end with a blank line")
     crlf = raw.count(b"\r\n")
     if raw.count(b"\n") != crlf or raw.count(b"\r") != crlf:
@@ -294,7 +294,7 @@ def parse_request_head(raw: bytes) -> RequestHead:
         event = conn.next_event()
     except h11.RemoteProtocolError as exc:
         raise _from_h11(exc) from None
-    if not isinstance(event, h11.Request):  # pragma: no cover - a whole head always makes a Request
+    if not isinstance(event, h11.Request):  # pragma: no cover - a whole head makes a Request or an error
         raise HeadError("malformed request head")
     method = event.method.decode("ascii")  # h11: a token
     if not (method.isalpha() and method.isupper()):
