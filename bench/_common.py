@@ -25,6 +25,7 @@ if str(REPO) not in sys.path:
 from rigd.backends.procs import proc_alive, proc_start_ticks  # noqa: E402
 from rigd.backends.snapshot import ENV_SWITCH  # noqa: E402
 from rigd.cli import Client  # noqa: E402
+from rigd.failure import leaves as failure_leaves  # noqa: E402
 
 
 class BenchError(Exception):
@@ -93,9 +94,7 @@ def children_of(ppid: int) -> list[int]:
 
 def leaves(exc: BaseException) -> list[BaseException]:
     """The exceptions inside (nested) exception groups, as Trio's nurseries wrap them."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in leaves(sub)]
-    return [exc]
+    return list(failure_leaves(exc))
 
 
 # --- numbers ---------------------------------------------------------------------
