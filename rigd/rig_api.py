@@ -54,7 +54,8 @@ class RigApi:
         self.rigs = rigs
 
     async def call(self, method: str, caller: Caller, raw: object) -> Any:
-        """Parse ``raw`` as the RPC method's parameters and run it (in-process callers, tests)."""
+        """Parse ``raw`` as the RPC method's parameters and run it: the server's method
+        table, the agent tools and tests all come in here."""
         parse, name = RIG_METHODS[method]
         handler: Callable[[Caller, Any], Awaitable[Any]] = getattr(self, name)
         return await handler(caller, parse(raw))

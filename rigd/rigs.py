@@ -52,7 +52,7 @@ from rigd.model import (
 from rigd.params import OpenParams
 from rigd.protocols.input import Step
 from rigd.render import exec_json, rig_json
-from rigd.scheduler import Admit, Park, RigState, plan_admission, plan_idle
+from rigd.scheduler import Admit, Park, plan_admission, plan_idle
 from rigd.store.aio import Stores
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
@@ -174,7 +174,7 @@ class RigManager:
 
     def rig_json(self, row: RigRow, live: LiveRig | None = None) -> dict[str, Any]:
         now = self.clock()
-        pins = self._state(live, now).pins(now) if live is not None else ()
+        pins = rig_state(live, now).pins(now) if live is not None else ()
         return rig_json(row, live, now=now, network=self.network, pins=pins)
 
     async def wait_settled(self, caller: Caller, rig_id: str) -> None:
@@ -204,7 +204,7 @@ class RigManager:
         policy = self.egress_policy(params.surface, list(params.egress_allow), params.egress_defaults)
         async with self._admission:
             decision = plan_admission(
-                [self._state(r, self.clock()) for r in self.live.values()],
+                [rig_state(r, self.clock()) for r in self.live.values()],
                 budget_mb=self.memory_budget_mb, need_mb=params.memory_mb, now=self.clock(),
             )
             if not isinstance(decision, Admit):
@@ -434,7 +434,7 @@ class RigManager:
             if rig.phase is not Phase.READY or rig.machine is None or rig.busy:
                 return False
             if not forced and (self.clock() - rig.last_active < rig.row.idle_s
-                               or self._state(rig, self.clock()).pins(self.clock())):
+                               or rig_state(rig, self.clock()).pins(self.clock())):
                 return False  # something happened since the decision
             try:
                 await rig.machine.park()
@@ -456,9 +456,6 @@ class RigManager:
                                   reason=reason.value, why=why, agent=rig.last_agent)
         await self.close_rig(rig, reason, None)
 
-    def _state(self, rig: LiveRig, now: float) -> RigState:
-        return rig_state(rig, now)
-
     # -- the reaper -------------------------------------------------------------------
 
     async def _reaper(self) -> None:
@@ -477,7 +474,7 @@ class RigManager:
         for rig in list(self.live.values()):
             if rig.lease_until is not None and rig.lease_until <= now and rig.person_controller:
                 await self.set_person_control(rig, None, "lease expired")
-        decisions = plan_idle([self._state(r, now) for r in self.live.values()], now)
+        decisions = plan_idle([rig_state(r, now) for r in self.live.values()], now)
         async with trio.open_nursery() as nursery:
             for decision in decisions:
                 target = self.live.get(decision.rig_id)

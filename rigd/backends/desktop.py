@@ -193,7 +193,8 @@ class DesktopDriver:
 
     def __init__(self, machine: QemuMachine, *, spec_display: tuple[int, int]) -> None:
         self.m = machine
-        self._display: tuple[int, int] = spec_display
+        #: The screen's mode as last learned (boot size, then the agent's or a still's word).
+        self.display: tuple[int, int] = spec_display
         #: Where the pointer is, as far as the host knows (it moved it).
         self.pointer: tuple[int, int] = (spec_display[0] // 2, spec_display[1] // 2)
         self.features: frozenset[str] = frozenset()
@@ -211,14 +212,6 @@ class DesktopDriver:
             "wait": self._do_wait, "set_display": self._do_set_display,
             "clipboard_read": self._do_clipboard_read, "clipboard_write": self._do_clipboard_write,
         }
-
-    @property
-    def display(self) -> tuple[int, int]:
-        return self._display
-
-    @display.setter
-    def display(self, value: tuple[int, int]) -> None:
-        self._display = value
 
     # -- readiness -----------------------------------------------------------------
 

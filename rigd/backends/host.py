@@ -22,7 +22,7 @@ built in the background (:mod:`rigd.backends.warm`).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import trio
@@ -30,7 +30,7 @@ import trio
 from rigd.backends.base import MachineSpec
 from rigd.backends.confine import Identity, UidPool, make_private_dir
 from rigd.backends.gates import NetGate, open_gate
-from rigd.backends.layout import Layout, LeftBehind, remove_files
+from rigd.backends.layout import Layout, remove_files
 from rigd.backends.qemu import QemuConfig, QemuMachine, make_overlay, open_qemu_machine
 from rigd.backends.recipe import BootRecipe, OpenPlan, RecipeSource, RigPaths, cold_plan, plan_open
 from rigd.backends.warm import SnapshotService
@@ -56,10 +56,6 @@ class QemuBackend:
         self.uids = uids or UidPool()
         self.snapshots = snapshots or SnapshotService(config, self.layout, self.uids)
         self.log = logging.getLogger(f"rigd.backend.{name}")
-
-    async def recover(self, left: Sequence[LeftBehind]) -> set[str]:
-        """Crash recovery at start (see :meth:`rigd.backends.layout.Layout.recover`)."""
-        return await self.layout.recover(left)
 
     @asynccontextmanager
     async def open_machine(

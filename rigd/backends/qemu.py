@@ -133,12 +133,13 @@ async def run_quiet(argv: list[str], *, what: str) -> None:
         raise BackendError(f"{what} failed: {err}")
 
 
-async def make_overlay(qemu_img: str, overlay: Path, backing: Path, fmt: str, identity: Identity) -> None:
+async def make_overlay(qemu_img: str, overlay: Path, backing: Path, fmt: str, identity: Identity, *,
+                       what: str = "creating the disk overlay") -> None:
     """A thin qcow2 over ``backing``, owned by the rig's uid."""
     await run_quiet(
         [qemu_img, "create", "-q", "-f", "qcow2", "-F", fmt,
          "-b", str(await trio.Path(backing).resolve()), str(overlay)],
-        what="creating the disk overlay",
+        what=what,
     )
     give(overlay, identity, 0o600)
 
@@ -162,8 +163,6 @@ class QemuMachine:
         self.config = config
         self.identity = identity
         self.paths = paths
-        self.rig_dir = paths.rig_dir
-        self.overlay = paths.overlay
         self.log = log
         self._nursery = nursery
         self.console = Ring(64 * 1024)
@@ -192,6 +191,10 @@ class QemuMachine:
             image=who.image, confinement=confinement, security_boundary=who.accel is not Accel.TCG,
         )
         self.driver: Driver = recipe.driver(self)
+
+    @property
+    def rig_dir(self) -> Path:
+        return self.paths.rig_dir
 
     # -- boot ---------------------------------------------------------------
 
@@ -378,8 +381,8 @@ class QemuMachine:
                                      out=out, zstd=self.config.zstd)
 
     async def _wait_sockets(self) -> None:
-        names = ("qmp.sock", "agent.sock", "console.sock")
-        while not all((self.rig_dir / n).exists() for n in names):
+        paths = self.paths
+        while not all(p.exists() for p in (paths.qmp, paths.agent, paths.console)):
             if self._exited.is_set():
                 raise BackendError(f"QEMU exited while starting: {self._death_reason()}")
             await trio.sleep(0.01)
@@ -437,7 +440,7 @@ class QemuMachine:
             self._stderr_done.set()
 
     async def _pump_console(self, *, task_status: trio.TaskStatus[None]) -> None:
-        stream = await trio.open_unix_socket(str(self.rig_dir / "console.sock"))
+        stream = await trio.open_unix_socket(str(self.paths.console))
         task_status.started()
         async with stream:
             while True:

@@ -66,11 +66,12 @@ def rig_argv(
     sandbox allows spawn (:data:`netgate.usermode.SANDBOX`).
     """
     net = net_argv(config.network, rig_dir, tap_fd)
+    at = RigPaths(rig_dir, overlay)
     return microvm_argv(
         qemu=config.qemu, accel=str(config.accel), memory_mb=memory_mb, vcpus=vcpus,
         kernel=kernel or assets.kernel, initrd=initrd or assets.initrd, root_disk=overlay,
-        tools_disk=tools or assets.tools, qmp_socket=rig_dir / "qmp.sock",
-        agent_socket=rig_dir / "agent.sock", console_socket=rig_dir / "console.sock",
+        tools_disk=tools or assets.tools, qmp_socket=at.qmp, agent_socket=at.agent,
+        console_socket=at.console,
         mac=mac, incoming="defer" if incoming else None, **net,
     )
 

@@ -28,10 +28,10 @@ from pathlib import Path
 import trio
 
 from rigd.backends.base import MachineSpec
-from rigd.backends.confine import UidPool, give, make_private_dir
+from rigd.backends.confine import UidPool, make_private_dir
 from rigd.backends.gates import open_gate
 from rigd.backends.layout import Layout, remove_tree, unlink
-from rigd.backends.qemu import QemuConfig, open_qemu_machine, run_quiet
+from rigd.backends.qemu import QemuConfig, make_overlay, open_qemu_machine
 from rigd.backends.recipe import BootRecipe, RigPaths, WarmPlan
 from rigd.backends.snapshot import (
     SnapshotStore,
@@ -166,12 +166,8 @@ class SnapshotService:
             try:
                 await trio.to_thread.run_sync(remove_tree, paths.rig_dir)
                 make_private_dir(paths.rig_dir, identity)
-                await run_quiet(
-                    [self.config.qemu_img, "create", "-q", "-f", "qcow2", "-F", recipe.backing_format,
-                     "-b", str(await trio.Path(recipe.backing).resolve()), str(paths.overlay)],
-                    what="creating the snapshot disk",
-                )
-                give(paths.overlay, identity, 0o600)
+                await make_overlay(self.config.qemu_img, paths.overlay, recipe.backing,
+                                   recipe.backing_format, identity, what="creating the snapshot disk")
                 log.info("building a snapshot", extra={"memory_mb": spec.memory_mb, "vcpus": spec.vcpus})
                 async with (
                     open_gate(self.config.network, build_spec.rig_id, None, _no_progress) as gateway,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import trio
@@ -11,7 +12,7 @@ from rigd import __version__
 from rigd.errors import FieldError, NotFound
 from rigd.model import BUILT_SURFACES
 from rigd.params import RigRef, ident, integer, no_extra, obj, string
-from rigd.rig_api import RIG_METHODS, RigApi
+from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
 from rigd.server.rpc import Method
 from rigd.store.aio import Stores
@@ -188,13 +189,7 @@ def build_methods(
 
     def rig_method(name: str) -> Method:
         """A rig method: its parameters parsed into typed values here, at the edge."""
-        parse, attr = RIG_METHODS[name]
-        run = getattr(api, attr)
-
-        async def handler(caller: Caller, raw: object) -> Any:
-            return await run(caller, parse(raw))
-
-        return Method(handler)
+        return Method(functools.partial(api.call, name))
 
     return {
         "rig.open": rig_method("rig.open"),
