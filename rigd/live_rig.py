@@ -71,6 +71,9 @@ class LiveRig:
     net_audit_dropped: int = 0
     #: The rig's own nursery (net-audit writer, progress writes) while its task runs.
     nursery: trio.Nursery | None = None
+    #: sha256 of the guest's drag selection when a person's last press began (a
+    #: drag-out that still carries it is a stale selection, RIGS.md §10).
+    xdnd_at_press: bytes | None = None
     #: The console of the rig's last machine, for a failure after it is gone.
     last_console: Callable[[int], str] | None = None
 

@@ -23,6 +23,7 @@ parked under a running command.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -525,6 +526,8 @@ class RigManager:
         outcome, error = "error", None
         try:
             async with self.activity(rig, caller, "send input"):
+                if shape.get("type") == "button" and shape.get("down") is True:
+                    await self.note_press(rig, machine)
                 await machine.send_input(plan)
             outcome = "ok"
         except RigdError as exc:
@@ -603,6 +606,41 @@ class RigManager:
     def note_activity(self, rig: LiveRig) -> None:
         """Cheap, in-memory activity (a keystroke in a terminal)."""
         rig.last_active = self.clock()
+
+    # -- lanes (clipboard and files over HTTP) ------------------------------------------
+
+    async def lane_rig(self, caller: Caller, rig_id: str, doing: str, *, write: bool) -> LiveRig:
+        """The rig behind a lane request: a write respects a person's control lease,
+        a read is an observation."""
+        return await self._lane_rig(caller, rig_id, doing, f"woken to {doing}", control=write)
+
+    async def lane_audit(self, rig: LiveRig, caller: Caller, verb: str, shape: dict[str, Any],
+                         outcome: str, error: str | None) -> None:
+        """One lane row (shape only: counts, sizes, types, paths; never content)."""
+        with trio.CancelScope(shield=True):
+            seq = await self.stores.run(
+                rig.db.begin_action, rig.row.id, actor_kind=caller.actor_kind,
+                actor_id=caller.actor_id, tool="lanes", verb=verb, args=shape,
+            )
+            await self.stores.run(rig.db.finish_action, rig.row.id, seq, outcome=outcome,
+                                  error=error, duration_ms=0)
+
+    async def note_press(self, rig: LiveRig, machine: Machine) -> None:
+        """A person's press begins: remember what the drag selection holds now, so a
+        drag-out that still carries it is known to be stale."""
+        lanes = machine.lanes()
+        if lanes.missing("clipboard") is not None:
+            return
+        with trio.move_on_after(2):
+            try:
+                clip = await lanes.clipboard_get("xdnd")
+            except RigdError:
+                return
+            rig.xdnd_at_press = None if clip is None else hashlib.sha256(clip.data).digest()
+
+    @staticmethod
+    def xdnd_is_stale(rig: LiveRig, payload: bytes) -> bool:
+        return rig.xdnd_at_press == hashlib.sha256(payload).digest()
 
 
 def egress_json(policy: Policy | None, defaults: bool) -> str | None:

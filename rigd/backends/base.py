@@ -21,6 +21,7 @@ from rigd.model import Accel, Backend, Surface
 if TYPE_CHECKING:
     from netgate.policy import Policy
     from netgate.proxy import AuditEvent
+    from rigd.backends.lanes import Lanes
     from rigd.protocols.input import Step
     from rigd.verbs import Action
 
@@ -167,6 +168,10 @@ class Machine(Protocol):
 
     def channel_stats(self) -> dict[str, int]:
         """Counters of the guest channel (garbage seen, orphan replies …)."""
+        ...
+
+    def lanes(self) -> Lanes:
+        """The clipboard and file lanes (RIGS.md §10) of this machine."""
         ...
 
 

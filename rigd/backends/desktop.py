@@ -51,6 +51,7 @@ from rigd.backends.confine import UidPool
 from rigd.backends.desktop_argv import desktop_argv
 from rigd.backends.gates import net_argv
 from rigd.backends.host import QemuBackend
+from rigd.backends.lanes import DropTarget
 from rigd.backends.layout import Layout
 from rigd.backends.qemu import QemuConfig
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
@@ -199,6 +200,8 @@ class DesktopDriver:
         self.pointer: tuple[int, int] = (spec_display[0] // 2, spec_display[1] // 2)
         self.features: frozenset[str] = frozenset()
         self.proto = 0
+        #: The session user's ~/Drops; the files' URIs go on CLIPBOARD.
+        self.drop_target = DropTarget(dir="~/Drops", owner=SESSION_USER, told="clipboard")
         #: One input plan at a time: an agent's drag and a person's click never interleave.
         self.input_lock = trio.Lock()
         #: Verb -> handler: the dispatch table (a test proves it covers every computer_use verb).
@@ -568,6 +571,9 @@ class DesktopDriver:
             written = await self._write_selection("clipboard", a.text)
         return {"selection": "clipboard", "bytes": written}
 
+
+#: The desktop image's session user (images/desktop/customize.sh, lightdm autologin).
+SESSION_USER = "rig"
 
 _SHIFT_INSERT = KeyCombo(("Shift_L",), "Insert")
 

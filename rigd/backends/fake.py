@@ -6,6 +6,7 @@ tests of the live view's transport, not of what it shows)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from typing import Any
 import trio
 
 from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
+from rigd.backends.lanes import MAX_FILE_BYTES, Clip, DropTarget, SavedFile
+from rigd.backends.recipe import TERMINAL_DROPS
 from rigd.errors import BackendError, FieldError
 from rigd.frames import Still
 from rigd.model import Accel, Backend, Surface
@@ -35,6 +38,16 @@ class FakeMachine:
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Set to make the machine's faulty pump raise (see ``FakeBackend.fault``).
     fault_now: trio.Event = field(default_factory=trio.Event)
+    #: The machine's lanes (made on first use; tests may replace them).
+    fake_lanes: FakeLanes | None = None
+
+    def lanes(self) -> FakeLanes:
+        if self.fake_lanes is None:
+            screen = self.display is not None
+            target = DropTarget("~/Drops", "rig", "clipboard") if screen else TERMINAL_DROPS
+            self.fake_lanes = FakeLanes(target, screen=screen,
+                                        features=frozenset({"files", "clipboard_image"}))
+        return self.fake_lanes
 
     async def _faulty_pump(self, kind: str) -> None:
         """A machine task with a bug: raises once ``fault_now`` is set."""
@@ -181,3 +194,110 @@ class FakeBackend:
             finally:
                 machine.closed = True
                 nursery.cancel_scope.cancel()
+
+
+class FakeLanes:
+    """The lanes of a fake machine over an in-memory guest filesystem (``files``:
+    path → bytes) and selections (``selections``: name → Clip). Same rules as the
+    agent: a drop is invisible until committed; a colliding name becomes ``2-name``."""
+
+    def __init__(self, target: DropTarget, *, screen: bool, features: frozenset[str]) -> None:
+        self.target = target
+        self.screen = screen
+        self.features = features
+        self.files: dict[str, bytes] = {}
+        self.selections: dict[str, Clip] = {}
+        self.home = "/home/rig" if screen else "/root"
+        #: Bytes a write pauses after (tests of a client that disconnects mid-upload).
+        self.stall: trio.Event | None = None
+
+    def missing(self, lane: str) -> str | None:
+        if lane == "files":
+            return None if "files" in self.features else "rebuild the image (fake: no files)"
+        if not self.screen:
+            return "a terminal rig has no clipboard (it has no X session); use the file lane"
+        return None if "clipboard_image" in self.features else "rebuild the image (fake: no clipboard)"
+
+    @asynccontextmanager
+    async def drop(self) -> AsyncIterator[_FakeDrop]:
+        drop = _FakeDrop(self)
+        yield drop
+
+    @asynccontextmanager
+    async def read_file(self, path: str, max_bytes: int) -> AsyncIterator[_FakeSource]:
+        await trio.lowlevel.checkpoint()
+        if path not in self.files:
+            if any(p.startswith(path.rstrip("/") + "/") for p in self.files):
+                raise FieldError("p", "not a regular file: directory")
+            raise FieldError("p", f"no such file or directory: {path}")
+        data = self.files[path]
+        if len(data) > max_bytes:
+            raise FieldError("p", f"file is {len(data)} bytes, over the limit of {max_bytes}")
+        yield _FakeSource(path.rsplit("/", 1)[-1], data)
+
+    async def clipboard_get(self, selection: str) -> Clip | None:
+        await trio.lowlevel.checkpoint()
+        return self.selections.get(selection)
+
+    async def clipboard_set(self, selection: str, clip: Clip) -> None:
+        await trio.lowlevel.checkpoint()
+        self.selections[selection] = clip
+
+
+class _FakeSink:
+    def __init__(self, lanes: FakeLanes, name: str) -> None:
+        self.lanes = lanes
+        self.name = name
+        self.data = bytearray()
+
+    async def write(self, data: bytes) -> None:
+        if self.lanes.stall is not None:
+            await self.lanes.stall.wait()
+        await trio.lowlevel.checkpoint()
+        if len(self.data) + len(data) > MAX_FILE_BYTES:
+            raise FieldError("files", f"{self.name!r} is over 256 MB")
+        self.data += data
+
+    async def close(self) -> tuple[int, str]:
+        await trio.lowlevel.checkpoint()
+        return len(self.data), hashlib.sha256(self.data).hexdigest()
+
+
+class _FakeDrop:
+    def __init__(self, lanes: FakeLanes) -> None:
+        self.lanes = lanes
+        self.target = lanes.target
+        self.sinks: list[_FakeSink] = []
+
+    async def add(self, name: str) -> _FakeSink:
+        await trio.lowlevel.checkpoint()
+        sink = _FakeSink(self.lanes, name)
+        self.sinks.append(sink)
+        return sink
+
+    async def commit(self) -> list[SavedFile]:
+        await trio.lowlevel.checkpoint()
+        base = self.target.dir.replace("~", self.lanes.home, 1)
+        saved = []
+        for sink in self.sinks:
+            k, name = 1, sink.name
+            while f"{base}/{name}" in self.lanes.files:
+                k += 1
+                name = f"{k}-{sink.name}"
+            path = f"{base}/{name}"
+            self.lanes.files[path] = bytes(sink.data)
+            saved.append(SavedFile(sink.name, path, len(sink.data), hashlib.sha256(sink.data).hexdigest()))
+        return saved
+
+
+class _FakeSource:
+    def __init__(self, name: str, data: bytes) -> None:
+        self.name = name
+        self.size = len(data)
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        self._data = data
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for i in range(0, len(self._data), 65536):
+            await trio.lowlevel.checkpoint()
+            yield self._data[i:i + 65536]

@@ -44,6 +44,45 @@ class _Call:
     done: trio.Event
     on_stream: Callable[[Stream], None] | None
     reply: Reply | None = None
+    #: Nobody waits for the reply: drop the call when it comes.
+    forgotten: bool = False
+    #: Called when the reply comes (or the channel closes), after the last stream event.
+    on_reply: Callable[[], None] | None = None
+
+
+class PendingCall:
+    """A request already sent (in the caller's order); :meth:`result` waits for its reply.
+
+    Pipelined writes use it: each is sent before the next, so the agent sees
+    them in order, while their replies are awaited later.
+    """
+
+    def __init__(self, conn: GuestConnection, cid: int, op: str, call: _Call) -> None:
+        self._conn = conn
+        self.id = cid
+        self._op = op
+        self._call = call
+
+    async def result(self, timeout: float) -> dict[str, Any]:
+        """The reply's body (GuestRefused on ``ok: false``, GuestError on a timeout)."""
+        try:
+            with trio.move_on_after(timeout):
+                await self._call.done.wait()
+        except BaseException:
+            self._conn._drop(self.id, self._call)
+            raise
+        return self._conn._finish(self.id, self._op, self._call, timeout)
+
+    @property
+    def answered(self) -> bool:
+        return self._call.reply is not None
+
+    def forget(self) -> None:
+        """Nobody will wait for this reply."""
+        if self._call.done.is_set():
+            self._conn._calls.pop(self.id, None)
+        else:
+            self._call.forgotten = True
 
 
 @dataclass(slots=True)
@@ -103,8 +142,10 @@ class GuestConnection:
                 await trio.lowlevel.checkpoint()
         finally:
             self._closed.set()
-            for call in self._calls.values():
+            for call in list(self._calls.values()):
                 call.done.set()
+                if call.on_reply is not None:
+                    call.on_reply()
             for route in self._ptys.values():
                 route.send.close()
 
@@ -116,6 +157,10 @@ class GuestConnection:
                 return
             call.reply = event
             call.done.set()
+            if call.on_reply is not None:
+                call.on_reply()
+            if call.forgotten:
+                del self._calls[event.id]
         elif isinstance(event, Stream):
             call = self._calls.get(event.id)
             if call is None or call.on_stream is None or call.done.is_set():
@@ -170,11 +215,25 @@ class GuestConnection:
         **fields: Any,
     ) -> dict[str, Any]:
         """Send one request and wait for its final reply, at most ``timeout`` s."""
+        pending = await self.send(op, on_stream=on_stream, timeout=timeout, **fields)
+        return await pending.result(timeout)
+
+    async def send(
+        self,
+        op: str,
+        *,
+        timeout: float,
+        on_stream: Callable[[Stream], None] | None = None,
+        on_reply: Callable[[], None] | None = None,
+        **fields: Any,
+    ) -> PendingCall:
+        """Send one request (in order with the caller's other sends); its reply comes later."""
         if self.closed:
             raise GuestError(f"guest agent channel is closed ({op})")
         cid, data = self._proto.send_request(op, **fields)
-        call = _Call(trio.Event(), on_stream)
+        call = _Call(trio.Event(), on_stream, on_reply=on_reply)
         self._calls[cid] = call
+        sent = False
         try:
             with trio.move_on_after(timeout):
                 async with self._send_lock:
@@ -182,11 +241,22 @@ class GuestConnection:
                         await self._stream.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                         raise GuestError(f"guest agent channel is closed ({op})") from exc
-                await call.done.wait()
+                sent = True
         finally:
-            del self._calls[cid]
-            if call.reply is None:
+            if not sent:
+                del self._calls[cid]
                 self._proto.abandon(cid)
+        if not sent:
+            raise GuestError(f"guest agent did not take {op} within {math.ceil(timeout)} s")
+        return PendingCall(self, cid, op, call)
+
+    def _drop(self, cid: int, call: _Call) -> None:
+        self._calls.pop(cid, None)
+        if call.reply is None:
+            self._proto.abandon(cid)
+
+    def _finish(self, cid: int, op: str, call: _Call, timeout: float) -> dict[str, Any]:
+        self._drop(cid, call)
         reply = call.reply
         if reply is None:
             if self.closed:

@@ -44,6 +44,7 @@ from rigd.backends.confine import Identity, give
 from rigd.backends.evidence import evidence_dir, write_evidence
 from rigd.backends.gates import USER_SANDBOX, NetGate, NetworkConfig
 from rigd.backends.guest_client import GuestConnection, iterate
+from rigd.backends.lanes import GuestLanes
 from rigd.backends.microvm_argv import SANDBOX
 from rigd.backends.procs import proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
@@ -507,6 +508,13 @@ class QemuMachine:
         s = self.guest.stats
         return {"garbageEvents": s.garbage_events, "garbageBytes": s.garbage_bytes,
                 "orphanReplies": s.orphan_replies, "agentRestarts": max(0, s.ready_lines - 1)}
+
+    def lanes(self) -> GuestLanes:
+        feats = self.hello.get("features")
+        features = frozenset(f for f in feats if isinstance(f, str)) if isinstance(feats, list) \
+            else frozenset[str]()
+        return GuestLanes(self.channel, lambda: features, self.driver.drop_target,
+                          grace=self.grace, screen=self.driver.display is not None)
 
     def channel(self) -> GuestConnection:
         """The agent channel of a running machine (a BackendError otherwise)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rigd.backends.base import Frame, MachineSpec
+from rigd.backends.lanes import DropTarget
 from rigd.backends.snapshot import Snapshot, SnapshotStore
 from rigd.errors import FieldError
 from rigd.model import Accel, Backend, Surface
@@ -66,8 +67,15 @@ class Identity:
     image: str | None
 
 
+#: A terminal's drops: beside the worktree (/root), never inside it.
+TERMINAL_DROPS = DropTarget(dir="~/drops", owner="root", told="none")
+
+
 class Driver(Protocol):
     """A surface's half of a running machine."""
+
+    #: Where files dropped into the machine land.
+    drop_target: DropTarget
 
     @property
     def display(self) -> tuple[int, int] | None: ...
@@ -170,6 +178,7 @@ class NoScreen:
 
     def __init__(self, surface: Surface) -> None:
         self.surface = surface
+        self.drop_target = TERMINAL_DROPS
 
     @property
     def display(self) -> tuple[int, int] | None:

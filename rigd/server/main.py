@@ -44,7 +44,8 @@ from rigd.images.importer import ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
 from rigd.model import LIMITS, Accel, Surface
 from rigd.rigs import RigManager
-from rigd.server.app import MAX_INBOUND, ServerContext, create_app
+from rigd.server.app import MAX_INBOUND, ServerContext
+from rigd.server.lanes import server_app
 from rigd.server.methods import build_methods
 from rigd.server.rpc import Dispatcher
 from rigd.store.aio import Stores
@@ -352,7 +353,7 @@ async def _serve(
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
     dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker))
-    app = create_app(ServerContext(stores, rigs, dispatcher, signer))
+    app = server_app(ServerContext(stores, rigs, dispatcher, signer))
 
     hyper = http_config(config.host, config.port)
 

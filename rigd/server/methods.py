@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import trio
@@ -16,7 +18,12 @@ from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
 from rigd.server.rpc import Method
 from rigd.store.aio import Stores
+from rigd.store.server_db import CLIPBOARD_CHOICES
+from rigd.store.util import iso
 from rigd.tools import Tools
+
+#: How long ``clipboard.grant`` allows a person's crossings on one rig.
+CLIPBOARD_GRANT_S = 600
 
 
 def build_methods(
@@ -187,6 +194,57 @@ def build_methods(
         """A signed ``rig-view`` URL of a computer rig's live view (/rig/live/<rigId>)."""
         return await signed_url(caller, raw, "rig-view", "live", surface="computer")
 
+    async def files_url(caller: Caller, raw: object) -> dict[str, Any]:
+        """Signed ``rig-files`` paths of a rig's file and clipboard lanes."""
+        params = obj(raw)
+        no_extra(params, {"rigId"})
+        rig_id = ident(params, "rigId")
+        rig = await api.get(caller, RigRef(rig_id))
+        q = signer.sign("rig-files", rig["workspace"], rig_id, caller.user.id)
+        query = f"u={q['u']}&exp={q['exp']}&sig={q['sig']}"
+        base = base_url[0] if base_url else ""
+        expires = int(q["exp"])
+        return {"path": f"/rig/files/{rig_id}?{query}", "clipboardPath": f"/rig/clipboard/{rig_id}?{query}",
+                "url": f"{base}/rig/files/{rig_id}?{query}", "expires": expires,
+                "expiresAt": iso(datetime.fromtimestamp(expires, UTC))}
+
+    def _person(caller: Caller) -> None:
+        if caller.user.kind != "person":
+            raise FieldError("method", "clipboard access is a person's own choice; agent tokens have none")
+
+    async def clipboard_policy_get(caller: Caller, raw: object) -> dict[str, Any]:
+        no_extra(obj(raw), set())
+        _person(caller)
+        policy = await stores.run(server.clipboard_policy, caller.user.id, time.time())
+        return policy.to_json()
+
+    async def clipboard_policy_set(caller: Caller, raw: object) -> dict[str, Any]:
+        params = obj(raw)
+        no_extra(params, {"hostToRig", "rigToHost"})
+        _person(caller)
+        choices: dict[str, str | None] = {}
+        for name in ("hostToRig", "rigToHost"):
+            value = params.get(name)
+            if value is not None and value not in CLIPBOARD_CHOICES:
+                raise FieldError(name, "must be allow, ask or deny")
+            choices[name] = value
+        if not any(choices.values()):
+            raise FieldError("hostToRig", "give hostToRig, rigToHost or both")
+        policy = await stores.run(server.set_clipboard_policy, caller.user.id, choices["hostToRig"],
+                                  choices["rigToHost"], time.time())
+        return policy.to_json()
+
+    async def clipboard_grant(caller: Caller, raw: object) -> dict[str, Any]:
+        """Allow the caller's clipboard crossings on one rig for ten minutes."""
+        params = obj(raw)
+        no_extra(params, {"rigId"})
+        _person(caller)
+        rig_id = ident(params, "rigId")
+        await api.get(caller, RigRef(rig_id))
+        until = time.time() + CLIPBOARD_GRANT_S
+        await stores.run(server.grant_clipboard, caller.user.id, rig_id, until)
+        return {"rigId": rig_id, "until": iso(datetime.fromtimestamp(until, UTC))}
+
     def rig_method(name: str) -> Method:
         """A rig method: its parameters parsed into typed values here, at the edge."""
         return Method(functools.partial(api.call, name))
@@ -200,6 +258,10 @@ def build_methods(
         "rig.act": rig_method("rig.act"),
         "rig.log": rig_method("rig.log"),
         "rig.terminalUrl": Method(terminal_url),
+        "rig.filesUrl": Method(files_url),
+        "clipboard.policy.get": Method(clipboard_policy_get),
+        "clipboard.policy.set": Method(clipboard_policy_set),
+        "clipboard.grant": Method(clipboard_grant),
         "rig.control": rig_method("rig.control"),
         "rig.egress": rig_method("rig.egress"),
         "secret.set": Method(secret_set),

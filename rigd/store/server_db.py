@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rigd.errors import Conflict, FieldError, NotFound
@@ -48,7 +49,28 @@ MIGRATIONS: list[str] = [
         workspace_id TEXT NOT NULL REFERENCES workspaces(id)
     );
     """,
+    # v2: clipboard access, per user and per direction (RIGS.md §10; never per workspace)
+    """
+    CREATE TABLE clipboard_policy (
+        user_id TEXT PRIMARY KEY REFERENCES users(id),
+        host_to_rig TEXT NOT NULL CHECK (host_to_rig IN ('allow', 'ask', 'deny')),
+        rig_to_host TEXT NOT NULL CHECK (rig_to_host IN ('allow', 'ask', 'deny')),
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE clipboard_grants (
+        user_id TEXT NOT NULL REFERENCES users(id),
+        rig_id TEXT NOT NULL,
+        until_epoch REAL NOT NULL,
+        PRIMARY KEY (user_id, rig_id)
+    );
+    """,
 ]
+
+#: A person's clipboard choices before they make any: paste in is allowed,
+#: copy out asks first.
+DEFAULT_HOST_TO_RIG = "allow"
+DEFAULT_RIG_TO_HOST = "ask"
+CLIPBOARD_CHOICES = ("allow", "ask", "deny")
 
 NAME_MAX = 64
 
@@ -303,6 +325,61 @@ class ServerDB:
                 "SELECT workspace_id FROM rig_index WHERE rig_id = ?", (rig_id,)
             ).fetchone()
         return None if row is None else str(row[0])
+
+
+    # -- clipboard access ------------------------------------------------------
+
+    def clipboard_policy(self, user_id: str, now: float) -> ClipboardPolicy:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT host_to_rig, rig_to_host FROM clipboard_policy WHERE user_id = ?", (user_id,)
+            ).fetchone()
+            grants = self._conn.execute(
+                "SELECT rig_id, until_epoch FROM clipboard_grants WHERE user_id = ? AND until_epoch > ? "
+                "ORDER BY rig_id", (user_id, now),
+            ).fetchall()
+        h2r, r2h = (row[0], row[1]) if row is not None else (DEFAULT_HOST_TO_RIG, DEFAULT_RIG_TO_HOST)
+        return ClipboardPolicy(h2r, r2h, tuple((g[0], float(g[1])) for g in grants))
+
+    def set_clipboard_policy(self, user_id: str, host_to_rig: str | None, rig_to_host: str | None,
+                             now: float) -> ClipboardPolicy:
+        for name, value in (("hostToRig", host_to_rig), ("rigToHost", rig_to_host)):
+            if value is not None and value not in CLIPBOARD_CHOICES:
+                raise FieldError(name, "must be allow, ask or deny")
+        current = self.clipboard_policy(user_id, now)
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO clipboard_policy VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE "
+                "SET host_to_rig = excluded.host_to_rig, rig_to_host = excluded.rig_to_host, "
+                "updated_at = excluded.updated_at",
+                (user_id, host_to_rig or current.host_to_rig, rig_to_host or current.rig_to_host,
+                 iso(utcnow())),
+            )
+        return self.clipboard_policy(user_id, now)
+
+    def grant_clipboard(self, user_id: str, rig_id: str, until: float) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO clipboard_grants VALUES (?, ?, ?) ON CONFLICT (user_id, rig_id) DO UPDATE "
+                "SET until_epoch = excluded.until_epoch", (user_id, rig_id, until),
+            )
+            self._conn.execute("DELETE FROM clipboard_grants WHERE until_epoch < ?", (until - 86400,))
+
+
+@dataclass(frozen=True, slots=True)
+class ClipboardPolicy:
+    host_to_rig: str
+    rig_to_host: str
+    #: (rigId, until as epoch seconds), live ones only.
+    grants: tuple[tuple[str, float], ...]
+
+    def granted(self, rig_id: str) -> bool:
+        return any(r == rig_id for r, _until in self.grants)
+
+    def to_json(self) -> dict[str, object]:
+        return {"hostToRig": self.host_to_rig, "rigToHost": self.rig_to_host,
+                "grants": [{"rigId": r, "until": iso(datetime.fromtimestamp(u, UTC))}
+                           for r, u in self.grants]}
 
 
 def _user(row: sqlite3.Row) -> User:

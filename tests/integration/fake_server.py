@@ -21,7 +21,8 @@ from rigd.auth import Signer, load_or_create_key
 from rigd.backends.fake import FakeBackend
 from rigd.model import Accel, Surface
 from rigd.rigs import RigManager
-from rigd.server.app import ServerContext, create_app
+from rigd.server.app import ServerContext
+from rigd.server.lanes import server_app
 from rigd.server.main import http_config, write_private
 from rigd.server.methods import build_methods
 from rigd.server.rpc import Dispatcher
@@ -38,7 +39,7 @@ async def main(data_dir: Path) -> None:
                           accel=Accel.TCG)
         signer = Signer(load_or_create_key(data_dir / "signing.key"))
         base_url: list[str] = []
-        app = create_app(ServerContext(stores, rigs, Dispatcher(build_methods(stores, rigs, signer, base_url)),
+        app = server_app(ServerContext(stores, rigs, Dispatcher(build_methods(stores, rigs, signer, base_url)),
                                        signer))
         async with trio.open_nursery() as nursery:
             await nursery.start(rigs.run)
