@@ -222,6 +222,59 @@ def cmd_term(args: argparse.Namespace) -> int:
     return run_terminal(url)
 
 
+def cmd_cp(args: argparse.Namespace) -> int:
+    """``rigd cp LOCAL… rig_x:`` drops files; ``rigd cp rig_x:/path LOCAL`` copies one out."""
+    from rigd.lane_client import LaneClient, LaneError, split_remote
+
+    client = Client.from_args(args)
+    lanes = LaneClient(client.url, client.token)
+    *sources, target = args.paths
+    if not sources:
+        raise ClientError("give what to copy and where: LOCAL... rig_x:  or  rig_x:/path LOCAL")
+    show = True if args.progress else None
+    try:
+        remote = split_remote(target)
+        if remote is not None:
+            if remote[1]:
+                raise ClientError("the server chooses where drops land: write the target as rig_x:")
+            if any(split_remote(src) for src in sources):
+                raise ClientError("copy between rigs through your machine, one direction at a time")
+            _print(lanes.upload(remote[0], [Path(src) for src in sources], show=show))
+            return 0
+        if len(sources) != 1 or (src := split_remote(sources[0])) is None:
+            raise ClientError("copy out one file at a time: rigd cp rig_x:/path LOCAL")
+        if not src[1].startswith("/"):
+            raise ClientError("the guest path must be absolute (rig_x:/root/file)")
+        _print(lanes.download(src[0], src[1], Path(target), show=show))
+    except LaneError as exc:
+        raise ClientError(str(exc)) from exc
+    return 0
+
+
+def cmd_clip(args: argparse.Namespace) -> int:
+    """``rigd clip get RIG`` prints the rig's clipboard; ``rigd clip set RIG`` sets it from stdin."""
+    from rigd.lane_client import LaneClient, LaneError, sniff_type
+
+    client = Client.from_args(args)
+    lanes = LaneClient(client.url, client.token)
+    try:
+        if args.op == "get":
+            media, data = lanes.clip_get(args.rig, args.selection)
+            if media is None:
+                print(f"rigd: the {args.selection} selection is empty", file=sys.stderr)
+                return 1
+            if not media.startswith("text/") and sys.stdout.isatty():
+                raise ClientError(f"the clipboard holds {media}; redirect it to a file")
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            return 0
+        data = Path(args.file).read_bytes() if args.file else sys.stdin.buffer.read()
+        _print(lanes.clip_set(args.rig, data, args.type or sniff_type(data)))
+    except LaneError as exc:
+        raise ClientError(str(exc)) from exc
+    return 0
+
+
 def cmd_images(args: argparse.Namespace) -> int:
     from rigd.images import build_all
 
@@ -355,6 +408,22 @@ def parser() -> argparse.ArgumentParser:
     client_opts(sp)
     sp.add_argument("rig")
     sp.set_defaults(fn=cmd_term)
+
+    sp = sub.add_parser("cp", help="drop files into a rig (LOCAL... rig_x:) or copy one out "
+                                   "(rig_x:/path LOCAL)")
+    client_opts(sp)
+    sp.add_argument("paths", nargs="+")
+    sp.add_argument("--progress", action="store_true", help="show progress even when not on a terminal")
+    sp.set_defaults(fn=cmd_cp)
+
+    sp = sub.add_parser("clip", help="read or set a rig's clipboard")
+    client_opts(sp)
+    sp.add_argument("op", choices=["get", "set"])
+    sp.add_argument("rig")
+    sp.add_argument("--selection", default="clipboard", choices=["clipboard", "primary", "xdnd"])
+    sp.add_argument("--file", help="set: read the content from this file instead of stdin")
+    sp.add_argument("--type", help="set: the media type (default: sniffed: PNG, JPEG or UTF-8 text)")
+    sp.set_defaults(fn=cmd_clip)
 
     sp = sub.add_parser("rpc", help="call any RPC method with JSON params")
     client_opts(sp)

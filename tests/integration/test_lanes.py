@@ -1,0 +1,162 @@
+"""The file lanes on a real terminal rig: a real server, real QEMU under TCG, the agent
+from the tools disk, files checked by sha256 inside the guest (RIGS.md §10)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigd.lane_client import LaneClient, LaneError
+from tests.integration.conftest import Server, exec_, make_data_dir, open_terminal, serving
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def term() -> Iterator[tuple[Server, str]]:
+    with serving(make_data_dir()) as srv:
+        rig = open_terminal(srv)
+        yield srv, rig["id"]
+
+
+def sh(srv: Server, rig: str, command: str) -> str:
+    out = exec_(srv, rig, command=command, timeoutS=300)
+    assert out["exitCode"] == 0, out
+    return str(out["stdout"]["text"])
+
+
+def lanes(srv: Server, token: str | None = None) -> LaneClient:
+    return LaneClient(srv.url, token or srv.token, timeout=600)
+
+
+def raw(srv: Server, method: str, path: str, *, headers: dict[str, str] | None = None,
+        body: bytes = b"") -> tuple[int, dict[str, Any] | None]:
+    import http.client
+
+    parts = urllib.parse.urlsplit(srv.url)
+    conn = http.client.HTTPConnection(parts.netloc, timeout=120)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, json.loads(data) if data.startswith(b"{") else None
+    finally:
+        conn.close()
+
+
+def test_a_drop_lands_in_drops_checked_and_comes_back_out(term: tuple[Server, str], tmp_path: Path) -> None:
+    srv, rig = term
+    sh(srv, rig, "mkdir -p /root/drops && printf old > /root/drops/notes.txt")
+    big = tmp_path / "big.bin"
+    with big.open("wb") as fh:
+        for _ in range(200):
+            fh.write(os.urandom(1024 * 1024))
+    resume = tmp_path / "résumé 2.pdf"
+    resume.write_bytes(b"%PDF-1.4 " + "héllo".encode() * 1000)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("new notes\n")
+    started = time.monotonic()
+    answer = lanes(srv).upload(rig, [big, resume, notes])
+    took = time.monotonic() - started
+    assert answer["dir"] == "/root/drops" and answer["told"] == "none"
+    paths = [s["path"] for s in answer["saved"]]
+    assert paths == ["/root/drops/big.bin", "/root/drops/résumé 2.pdf", "/root/drops/2-notes.txt"]
+    want = {p: hashlib.sha256(f.read_bytes()).hexdigest() for p, f in zip(paths, [big, resume, notes],
+                                                                          strict=True)}
+    assert {s["path"]: s["sha256"] for s in answer["saved"]} == want
+    # Inside the guest, by the guest's own sha256sum; the old file is untouched.
+    sums = sh(srv, rig, "cd /root/drops && sha256sum big.bin 'résumé 2.pdf' 2-notes.txt && cat notes.txt")
+    for path, digest in want.items():
+        assert f"{digest}  {path.rsplit('/', 1)[1]}" in sums
+    assert sums.endswith("old")
+    assert sh(srv, rig, "ls -A /root/drops | grep -c rigd-drop || true").strip() == "0"
+    # And back out through the GET lane, checked against its Repr-Digest.
+    out = lanes(srv).download(rig, "/root/drops/big.bin", tmp_path / "back.bin")
+    assert out["sha256"] == want["/root/drops/big.bin"] and out["bytes"] == 200 * 1024 * 1024
+    out = lanes(srv).download(rig, "/root/drops/résumé 2.pdf", tmp_path)
+    assert Path(out["path"]).name == "résumé 2.pdf" and out["sha256"] == want["/root/drops/résumé 2.pdf"]
+    print(f"\n200 MB drop in {took:.1f} s ({200 / took:.1f} MB/s)")
+    rows = srv.call("rig.log", {"rigId": rig})
+    drop = next(r for r in rows if r["verb"] == "drop_files")
+    assert drop["args"]["count"] == 3 and drop["args"]["files"][0]["path"] == "/root/drops/big.bin"
+    assert "new notes" not in json.dumps(rows) and "héllo" not in json.dumps(rows)
+    assert any(r["verb"] == "read_file" and r["args"]["bytes"] == 200 * 1024 * 1024 for r in rows)
+
+
+def test_an_oversize_drop_and_bad_paths_are_refused(term: tuple[Server, str], tmp_path: Path) -> None:
+    srv, rig = term
+    auth = {"Authorization": f"Bearer {srv.token}"}
+    status, body = raw(srv, "POST", f"/rig/files/{rig}", headers={
+        **auth, "Content-Type": "multipart/form-data; boundary=x", "Content-Length": str(600 << 20)})
+    assert status == 413 and body is not None and "512 MB" in body["error"]["message"]
+    for path, reason in (("/root", "not a regular file: directory"),
+                         ("/dev/zero", "not a regular file: character device"),
+                         ("/no/such", "no such file")):
+        p = base64.urlsafe_b64encode(path.encode()).decode().rstrip("=")
+        status, body = raw(srv, "GET", f"/rig/files/{rig}?p={p}", headers=auth)
+        assert status == 400 and body is not None, (path, status, body)
+        assert body["error"]["data"]["field"] == "p" and reason in body["error"]["data"]["reason"], body
+    status, body = raw(srv, "GET", f"/rig/files/{rig}?p=cmVs", headers=auth)  # "rel"
+    assert status == 400 and body is not None and "absolute" in body["error"]["data"]["reason"]
+    status, body = raw(srv, "GET", f"/rig/clipboard/{rig}", headers=auth)
+    assert status == 404 and body is not None and "no clipboard" in body["error"]["message"]
+
+
+def test_a_client_that_hangs_up_mid_upload_leaves_nothing(term: tuple[Server, str]) -> None:
+    srv, rig = term
+    sh(srv, rig, "rm -rf /root/drops && mkdir -p /root/drops")
+    parts = urllib.parse.urlsplit(srv.url)
+    head = (b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"half.bin\"\r\n\r\n")
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
+    sock.sendall((f"POST /rig/files/{rig} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {srv.token}\r\n"
+                  f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {64 << 20}\r\n\r\n").encode()
+                 + head + b"z" * (8 << 20))
+    # The temporary file exists while the upload streams in …
+    deadline = time.monotonic() + 120
+    while "rigd-drop" not in sh(srv, rig, "ls -A /root/drops"):
+        assert time.monotonic() < deadline, "the drop never reached the guest"
+        time.sleep(0.2)
+    sock.close()
+    # … and is gone once the server saw the client leave.
+    deadline = time.monotonic() + 120
+    while (listing := sh(srv, rig, "ls -A /root/drops")).strip():
+        assert time.monotonic() < deadline, f"left behind: {listing}"
+        time.sleep(0.2)
+    rows = srv.call("rig.log", {"rigId": rig})
+    assert any(r["verb"] == "drop_files" and r["outcome"] == "error" for r in rows)
+
+
+def test_control_and_signatures_guard_the_writes(term: tuple[Server, str], tmp_path: Path) -> None:
+    srv, rig = term
+    f = tmp_path / "a.txt"
+    f.write_text("a")
+    ws = srv.call("workspace.list")[0]["id"]
+    bob = srv.call("user.create", {"name": f"bob-{os.getpid()}", "kind": "person"})
+    srv.call("member.add", {"workspace": ws, "user": bob["id"]})
+    bob_token = srv.call("token.create", {"user": bob["id"]})["token"]
+    srv.call("rig.control", {"rigId": rig, "op": "take"}, token=bob_token)
+    try:
+        with pytest.raises(LaneError, match="HTTP 409"):
+            lanes(srv).upload(rig, [f])
+        # Reading is an observation: allowed while bob drives.
+        sh(srv, rig, "echo seen > /root/seen.txt")
+        assert lanes(srv).download(rig, "/root/seen.txt", tmp_path / "seen.txt")["bytes"] == 5
+        assert lanes(srv, bob_token).upload(rig, [f])["saved"][0]["name"] == "a.txt"
+    finally:
+        srv.call("rig.control", {"rigId": rig, "op": "release"}, token=bob_token)
+    view = srv.call("rig.terminalUrl", {"rigId": rig})["path"].split("?", 1)[1]
+    status, body = raw(srv, "GET", f"/rig/files/{rig}?{view}&p=L3Jvb3Qvc2Vlbi50eHQ")
+    assert status == 401 and body is not None
+    signed = srv.call("rig.filesUrl", {"rigId": rig})
+    status, body = raw(srv, "GET", signed["path"] + "&p=L3Jvb3Qvc2Vlbi50eHQ")
+    assert status == 200 and body is None
