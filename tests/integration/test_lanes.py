@@ -144,12 +144,12 @@ def test_control_and_signatures_guard_the_writes(term: tuple[Server, str], tmp_p
     bob = srv.call("user.create", {"name": f"bob-{os.getpid()}", "kind": "person"})
     srv.call("member.add", {"workspace": ws, "user": bob["id"]})
     bob_token = srv.call("token.create", {"user": bob["id"]})["token"]
+    sh(srv, rig, "echo seen > /root/seen.txt")
     srv.call("rig.control", {"rigId": rig, "op": "take"}, token=bob_token)
     try:
         with pytest.raises(LaneError, match="HTTP 409"):
             lanes(srv).upload(rig, [f])
         # Reading is an observation: allowed while bob drives.
-        sh(srv, rig, "echo seen > /root/seen.txt")
         assert lanes(srv).download(rig, "/root/seen.txt", tmp_path / "seen.txt")["bytes"] == 5
         assert lanes(srv, bob_token).upload(rig, [f])["saved"][0]["name"] == "a.txt"
     finally:
