@@ -51,7 +51,8 @@ pytestmark = [
 #: shared 2-core host (docs/images.md); the deadlines only bound a hung boot.
 AGENT_DEADLINE = 300.0
 X_DEADLINE = 420.0
-FEATURES = {"screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env"}
+FEATURES = {"screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env",
+            "files", "clipboard_image", "clipboard_files", "keymap"}
 TEXT = "héllo wörld 世界"
 OP_TIMEOUT = 60.0  # one op under TCG on a loaded host
 
@@ -308,7 +309,8 @@ async def drive(rig: Rig, proc: subprocess.Popen[bytes], started: float, frames:
         for _ in range(3):
             body = await rig.call("clipboard_write", label=f"clipboard_write {selection}",
                                   text=f"{TEXT} {selection}", selection=selection)  # fmt: skip
-        assert body == {"selection": selection, "bytes": len(f"{TEXT} {selection}".encode()), "pending": False}
+        assert body == {"selection": selection, "bytes": len(f"{TEXT} {selection}".encode()), "pending": False,
+                        "mediaType": "text/plain"}
     for selection in ("clipboard", "primary"):
         for _ in range(3):
             body = await rig.call("clipboard_read", label=f"clipboard_read {selection}", selection=selection)
