@@ -160,3 +160,38 @@ def test_control_and_signatures_guard_the_writes(term: tuple[Server, str], tmp_p
     signed = srv.call("rig.filesUrl", {"rigId": rig})
     status, body = raw(srv, "GET", signed["path"] + "&p=L3Jvb3Qvc2Vlbi50eHQ")
     assert status == 200 and body is None
+
+
+def test_the_cli_copies_both_ways_and_a_files_signature_opens_no_terminal(
+        term: tuple[Server, str], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    srv, rig = term
+    src = tmp_path / "from-host.txt"
+    src.write_text("über die Grenze\n")
+    cli = [sys.executable, "-m", "rigd.cli"]
+    opts = ["--url", srv.url, "--token", srv.token]
+    done = subprocess.run([*cli, "cp", *opts, str(src), f"{rig}:"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    saved = json.loads(done.stdout)["saved"][0]
+    assert saved["path"].startswith("/root/drops/") and saved["path"].endswith("from-host.txt")
+    assert sh(srv, rig, f"cat '{saved['path']}'") == "über die Grenze\n"
+    back = tmp_path / "back.txt"
+    done = subprocess.run([*cli, "cp", *opts, f"{rig}:{saved['path']}", str(back)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert back.read_text() == "über die Grenze\n"
+    done = subprocess.run([*cli, "clip", *opts, "get", rig], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 2 and "no clipboard" in done.stderr
+    # A rig-files signature is refused on the terminal lane (and the PTY stays closed).
+    files = srv.call("rig.filesUrl", {"rigId": rig})["path"].split("?", 1)[1]
+    ws = srv.url.replace("http://", "ws://") + f"/rig/term/{rig}?{files}"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws, open_timeout=30).close()
+    assert refused.value.response.status_code == 401

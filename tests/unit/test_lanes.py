@@ -363,3 +363,22 @@ async def test_a_drag_selection_held_since_the_press_is_stale(world: World) -> N
     assert status == 200 and head["content-type"] == "text/uri-list" and out.endswith(b"new.txt\r\n")
     assert "clipboard" not in lanes.selections
     assert (await world.http("GET", f"/rig/clipboard/{rig_id}"))[0] == 204
+
+
+async def test_an_oversize_file_is_refused_mid_stream_and_nothing_is_kept(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rigd.server.lanes as server_lanes
+
+    monkeypatch.setattr(server_lanes, "MAX_FILE_BYTES", 50_000)
+    rig_id, lanes = await world.open("terminal")
+    body = multipart([("ok.bin", b"o" * 1000), ("big.bin", b"b" * 60_000)])
+    status, _h, out = await world.http("POST", f"/rig/files/{rig_id}", headers=MP, body=in_pieces(body))
+    assert status == 413
+    assert json.loads(out)["error"]["data"]["field"] == "files[1]"
+    assert lanes.files == {}
+    monkeypatch.setattr(server_lanes, "MAX_DROP_BYTES", 50_000)
+    monkeypatch.setattr(server_lanes, "MAX_FILE_BYTES", 40_000)
+    body = multipart([("a.bin", b"a" * 30_000), ("b.bin", b"b" * 30_000)])
+    status, _h, out = await world.http("POST", f"/rig/files/{rig_id}", headers=MP, body=in_pieces(body))
+    assert status == 413 and json.loads(out)["error"]["data"]["field"] == "files"
+    assert lanes.files == {}
