@@ -15,9 +15,12 @@ desktop adds:
   and encodes in the guest; when the agent is absent or older, QMP
   ``screendump`` writes the framebuffer as PNG and the host scales and
   encodes it (:mod:`rigd.frames`).
-- **Text the key map cannot send** (``é``, ``世``) is pasted: the agent puts
-  the whole text in the CLIPBOARD and PRIMARY selections and the host presses
-  shift+Insert, which GTK, Qt, VTE, Chromium and Firefox all take as paste.
+- **Every character is typed through the hypervisor**, in order: the US map
+  as keys (``\\n`` is Return, ``\\t`` Tab), any other character (``é``,
+  ``世``) on a spare keycode the agent binds to its keysym (``keymap_bind``,
+  as xdotool does) before the host presses it. The bindings are cached per
+  machine and never restored. Only an image whose agent cannot bind keys
+  pastes instead (CLIPBOARD and PRIMARY, then shift+Insert), and says so.
 - Modes (``set_display``, xrandr in the guest), selections (read and write)
   and the pointer position come from the agent.
 
@@ -88,6 +91,8 @@ DRAWN_MIN_COLOURS = 8
 RESTORED_DESKTOP_S = 60.0
 #: A still larger than this from the guest is refused (a 2560x1600 PNG is ~6 MB).
 MAX_STILL_BYTES = 32 << 20
+#: The keyboard the recipe's argv gives the guest (``desktop_argv``'s default).
+KEYBOARD = "virtio"
 #: Clipboard text goes to the agent in parts of this many characters.
 CLIP_PART_CHARS = 16_384
 #: How long after a paste key the text must stay the selection's (the client
@@ -192,7 +197,8 @@ def desktop_backend(
 class DesktopDriver:
     """The desktop half of a running machine: readiness, frames, input, the verbs."""
 
-    def __init__(self, machine: QemuMachine, *, spec_display: tuple[int, int]) -> None:
+    def __init__(self, machine: QemuMachine, *, spec_display: tuple[int, int],
+                 keyboard: str = KEYBOARD) -> None:
         self.m = machine
         #: The screen's mode as last learned (boot size, then the agent's or a still's word).
         self.display: tuple[int, int] = spec_display
@@ -204,6 +210,11 @@ class DesktopDriver:
         self.drop_target = DropTarget(dir="~/Drops", owner=SESSION_USER, told="clipboard")
         #: One input plan at a time: an agent's drag and a person's click never interleave.
         self.input_lock = trio.Lock()
+        #: The spare keys bound so far (read and replaced under ``input_lock`` only).
+        self.keymap = qin.Keymap(qin.SPARE_KEYS_BY_INPUT[keyboard])
+        #: The agent's ``ready`` count when the keymap was last used: a restarted
+        #: agent may come with a restarted X server, whose map is its own again.
+        self._keymap_agent: int | None = None
         #: Verb -> handler: the dispatch table (a test proves it covers every computer_use verb).
         self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             "screenshot": self._do_screenshot, "cursor_position": self._do_cursor_position,
@@ -275,15 +286,77 @@ class DesktopDriver:
     # -- input through QMP ---------------------------------------------------------------
 
     async def send_input(self, steps: Sequence[qin.Step]) -> None:
-        """Send an input plan: each event list is one QMP ``input-send-event``."""
+        """Send an input plan: each event list is one QMP ``input-send-event``;
+        a :class:`~rigd.protocols.input.Text` is planned against the keymap here,
+        under the input lock, so two texts never plan against the same bindings."""
         if self.m.qmp is None:
             raise BackendError("the machine is not running")
         async with self.input_lock:
             for step in steps:
-                if isinstance(step, qin.Pause):
-                    await trio.sleep(step.seconds)
-                elif step:
-                    await self.m.qmp.execute("input-send-event", {"events": step}, timeout=self.m.grace)
+                await self._send_step(step)
+
+    async def _send_step(self, step: qin.Step) -> None:
+        if isinstance(step, qin.Pause):
+            await trio.sleep(step.seconds)
+        elif isinstance(step, qin.Bind):
+            await self._bind(step)
+        elif isinstance(step, qin.Text):
+            await self._type_text(step)
+        elif step:
+            if self.m.qmp is None:
+                raise BackendError("the machine is not running")
+            await self.m.qmp.execute("input-send-event", {"events": step}, timeout=self.m.grace)
+
+    def can_bind_keys(self) -> bool:
+        """Whether characters outside the US map can be typed (agent ``keymap``, spare keys)."""
+        return self._agent_has("keymap") and bool(self.keymap.pool)
+
+    async def _type_text(self, step: qin.Text) -> None:
+        """Type a text, every character through QMP (the input lock is held)."""
+        text = step.text
+        bad = qin.untypeable(text)
+        if bad:
+            what = _at(bad, "is a control character", "are control characters")
+            raise FieldError(step.field, f"{what}, which no key types (send Escape, BackSpace and the "
+                                         "like with the key action); nothing was typed")
+        if not qin.needs_keymap(text):
+            for s in qin.plan_text(text, qin.Keymap(())).steps:
+                await self._send_step(s)
+            return
+        if not self.can_bind_keys():
+            what = _at(qin.off_map(text), "has", "have")
+            raise FieldError(step.field, f"{what} no key on the rig's keyboard and this image's agent "
+                                         "cannot bind one (guest protocol 2 with keymap is needed: "
+                                         "rebuild the image); nothing was typed")
+        ready = self.m.channel().stats.ready_lines
+        if self._keymap_agent is not None and ready != self._keymap_agent and self.keymap.bound:
+            self.keymap = self.keymap.unsure()
+        self._keymap_agent = ready
+        before = self.keymap
+        plan = qin.plan_text(text, before)
+        done = False
+        try:
+            for s in plan.steps:
+                await self._send_step(s)
+            done = True
+        finally:
+            # A plan cut short leaves its keys in a state the host cannot know:
+            # each is rebound (after the settle) before it is pressed again.
+            self.keymap = plan.keymap if done else before.unsure()
+
+    async def _bind(self, step: qin.Bind) -> None:
+        n = len(step.pairs)
+        try:
+            body = await self.m.channel().request(
+                "keymap_bind", timeout=self.m.grace + 5, bind=[[code, sym] for code, sym in step.pairs])
+        except GuestRefused:
+            # Not chained, and the agent's reason is not quoted: an X error names
+            # the value it refused, and that value is a typed character's keysym.
+            raise GuestError(f"the guest agent could not bind keys for the text (keymap_bind refused); "
+                             f"the first {step.typed_before} keys of it were typed") from None
+        if not (_is_int(body.get("bound")) and body["bound"] == n):
+            raise GuestError(f"the guest agent bound {str(body.get('bound'))[:20]} of {n} keys; "
+                             f"the first {step.typed_before} keys of the text were typed")
 
     def _check_point(self, point: tuple[int, int], field: str) -> None:
         w, h = self.display
@@ -494,18 +567,21 @@ class DesktopDriver:
     async def _do_type(self, a: cv.ComputerType) -> dict[str, Any]:
         text = a.text
         chars = len(text)
-        if all(ch in qin.CHAR_KEYS for ch in text):
-            await self.send_input(qin.plan_typing(text))
-            return {"characters": chars, "dropped": 0, "via": "keys"}
+        keymap = qin.needs_keymap(text)
+        if not keymap or self.can_bind_keys():
+            await self.send_input([qin.Text(text, field="action.text")])
+            return {"characters": chars, "dropped": 0, "via": "keys+keymap" if keymap else "keys"}
         if not self._agent_has("clipboard_write"):
-            bad = next(ch for ch in text if ch not in qin.CHAR_KEYS)
+            what = _at(qin.off_map(text), "has", "have")
             raise FieldError(
                 "action.text",
-                f"{bad!r} has no key on the rig's keyboard and this image's agent cannot paste "
-                "(guest protocol 2 with clipboard_write is needed); nothing was typed",
+                f"{what} no key on the rig's keyboard and this image's agent can "
+                "neither bind one nor paste (guest protocol 2 with keymap is needed: rebuild the "
+                "image); nothing was typed",
             )
-        # The whole text travels as one paste, so no later key or paste can
-        # overtake it: the client fetches the selection asynchronously.
+        # An image that predates keymap_bind: the whole text travels as one
+        # paste, so no later key or paste can overtake it (the client fetches
+        # the selection asynchronously).
         async with self.input_lock:
             for selection in ("clipboard", "primary"):
                 await self._write_selection(selection, text)
@@ -513,8 +589,9 @@ class DesktopDriver:
         await trio.sleep(PASTE_SETTLE_S)
         return {
             "characters": chars, "dropped": 0, "via": "clipboard",
-            "note": "pasted through the guest's CLIPBOARD and PRIMARY selections (shift+Insert), "
-                    "which now hold the text",
+            "note": "this image's agent cannot bind keys (no keymap feature: rebuild the image), so "
+                    "the text was pasted through the guest's CLIPBOARD and PRIMARY selections "
+                    "(shift+Insert), which now hold it; a newline in pasted text is not Enter",
         }
 
     async def _write_selection(self, selection: str, text: str) -> int:
@@ -576,6 +653,15 @@ class DesktopDriver:
 SESSION_USER = "rig"
 
 _SHIFT_INSERT = KeyCombo(("Shift_L",), "Insert")
+
+
+def _at(positions: Sequence[int], one: str, many: str) -> str:
+    """Where refused characters are ("the characters at 3, 7 <many>"), never what
+    they are: a refusal reaches the audit log, where typed text is masked."""
+    where = ", ".join(str(i) for i in positions[:5])
+    if len(positions) > 5:
+        where += f" and {len(positions) - 5} more"
+    return f"the character at {where} {one}" if len(positions) == 1 else f"the characters at {where} {many}"
 
 
 def colours_over(image: bytes, limit: int) -> bool:

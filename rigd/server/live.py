@@ -20,7 +20,9 @@ Client → server (text frames, JSON): ``{"type": "move", "x", "y"}``,
 ``{"type": "button", "button": "left|right|middle", "down": bool, "x"?, "y"?}``,
 ``{"type": "wheel", "direction": "up|down|left|right", "amount"?: 1..20}``,
 ``{"type": "key", "key": "<X11 keysym>", "down": bool}``,
-``{"type": "text", "text": "..."}`` (typed as the ``type`` verb types), and
+``{"type": "text", "text": "..."}`` (typed as the ``type`` verb types: every
+character through QMP, those outside the US map on spare keys the agent
+binds; an image whose agent cannot bind keys refuses them, naming ``text``), and
 ``{"type": "ping"}``. Input is accepted only from the person holding the
 rig's control lease (``rig.control take``); anyone else is view-only and gets
 an error naming ``control``. Input goes through the same QMP path as the
@@ -200,10 +202,9 @@ def plan_input(msg: dict[str, Any], display: tuple[int, int]) -> tuple[list[qin.
         text = msg.get("text")
         if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
             raise FieldError("text", f"must be 1-{MAX_TEXT} characters")
-        bad = next((ch for ch in text if ch not in qin.CHAR_KEYS), None)
-        if bad is not None:
-            raise FieldError("text", f"{bad!r} has no key; paste it through the clipboard lane")
-        return qin.plan_typing(text), {"type": "text", "text": mask(text)}
+        # Planned by the machine when it sends it, against its key bindings
+        # (characters outside the US map go on spare keys the agent binds).
+        return [qin.Text(text)], {"type": "text", "text": mask(text)}
     raise FieldError("type", "must be move, button, wheel, key, text or ping")
 
 

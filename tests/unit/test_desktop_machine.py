@@ -17,9 +17,10 @@ from PIL import Image
 from rigd.backends.base import MachineSpec
 from rigd.backends.confine import Identity
 from rigd.backends.desktop import DesktopDriver, DesktopRecipe
+from rigd.backends.guest_client import ChannelStats
 from rigd.backends.qemu import QemuConfig, QemuMachine
 from rigd.backends.recipe import RigPaths
-from rigd.errors import BackendError, FieldError, GuestError
+from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
 from rigd.images.importer import FileRef, ImageManifest, ImportedImage
 from rigd.model import Accel, Backend, Surface
 from rigd.protocols import input as qin
@@ -31,12 +32,15 @@ pytestmark = pytest.mark.timeout(20)
 
 
 class FakeQMP:
-    def __init__(self, frame: bytes | None = None) -> None:
+    def __init__(self, frame: bytes | None = None, log: list[tuple[str, Any]] | None = None) -> None:
         self.sent: list[tuple[str, Any]] = []
         self.frame = frame
+        #: QMP commands and agent requests in the order the machine made them.
+        self.log = log if log is not None else []
 
     async def execute(self, name: str, arguments: Any = None, *, timeout: float = 10.0) -> Any:
         self.sent.append((name, arguments))
+        self.log.append((name, arguments))
         if name == "screendump":
             assert self.frame is not None
             Path(arguments["filename"]).write_bytes(self.frame)
@@ -46,13 +50,16 @@ class FakeQMP:
 class FakeGuest:
     closed = False
 
-    def __init__(self, answers: dict[str, Any]) -> None:
+    def __init__(self, answers: dict[str, Any], log: list[tuple[str, Any]] | None = None) -> None:
         self.answers = answers
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.stats = ChannelStats(ready_lines=1)
+        self.log = log if log is not None else []
 
     async def request(self, op: str, *, timeout: float, on_stream: Any = None, **fields: Any) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
         self.requests.append((op, fields))
+        self.log.append((op, fields))
         answer = self.answers[op]
         if callable(answer):
             answer = answer(fields, on_stream)
@@ -88,8 +95,9 @@ def make(tmp_path: Path, nursery: trio.Nursery, *, proto: int = 2,
         paths=RigPaths(tmp_path, tmp_path / "o.qcow2"), log=logging.getLogger("t"), nursery=nursery,
         gateway=None,
     )
-    m.qmp = FakeQMP(frame)  # type: ignore[assignment]
-    m.guest = FakeGuest(answers or {})  # type: ignore[assignment]
+    log: list[tuple[str, Any]] = []
+    m.qmp = FakeQMP(frame, log)  # type: ignore[assignment]
+    m.guest = FakeGuest(answers or {}, log)  # type: ignore[assignment]
     assert isinstance(m.driver, DesktopDriver)
     m.driver.proto = proto
     m.driver.features = frozenset(features)
@@ -125,13 +133,148 @@ async def test_ascii_is_typed_as_keys_without_the_agent(tmp_path: Path) -> None:
         assert isinstance(m.guest, FakeGuest) and m.guest.requests == []
 
 
-async def test_other_text_is_pasted_whole_through_both_selections(tmp_path: Path) -> None:
+DESKTOP = ("screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write")
+
+
+class FakeX:
+    """The guest's X keyboard map as far as the agent's keymap_bind changes it."""
+
+    def __init__(self) -> None:
+        self.keysyms: dict[int, int] = {}
+
+    def bind(self, fields: dict[str, Any], _on_stream: Any) -> dict[str, Any]:
+        pairs = fields["bind"]
+        assert 1 <= len(pairs) <= qin.MAX_BIND
+        for code, sym in pairs:
+            assert 8 <= code <= 255 and 0 <= sym <= 0x1FFFFFF
+            self.keysyms[code] = sym
+        return {"bound": len(pairs), "keysymsPerKeycode": 7}
+
+
+KEYCODE_OF_QCODE = {k.qcode: k.keycode for k in qin.SPARE_KEYS}
+US_CHAR_OF = {(q, shift): ch for ch, (q, shift) in qin.CHAR_KEYS.items()}
+
+
+def typed_in_guest(log: list[tuple[str, Any]]) -> str:
+    """Replay what the machine sent, in order: binds change the map, presses read it."""
+    keysyms: dict[int, int] = {}
+    out: list[str] = []
+    shift = False
+    for name, args in log:
+        if name == "keymap_bind":
+            keysyms.update({code: sym for code, sym in args["bind"]})
+        elif name == "input-send-event":
+            for e in args["events"]:
+                q, down = e["data"]["key"]["data"], e["data"]["down"]
+                if q == "shift":
+                    shift = down
+                elif down and q in KEYCODE_OF_QCODE:
+                    sym = keysyms[KEYCODE_OF_QCODE[q]]
+                    out.append(chr(sym - 0x01000000 if sym > 0xFF else sym))
+                elif down:
+                    out.append(US_CHAR_OF[(q, shift)])
+    return "".join(out)
+
+
+async def test_other_text_is_typed_on_spare_keys_the_agent_binds(tmp_path: Path) -> None:
+    x = FakeX()
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery, features=(*DESKTOP, "keymap"), answers={"keymap_bind": x.bind})
+        assert isinstance(m.qmp, FakeQMP) and isinstance(m.guest, FakeGuest)
+        text = "héllo 世界\n\tdone"
+        out = await m.perform(action({"action": "type", "text": text}))
+        assert out == {"characters": len(text), "dropped": 0, "via": "keys+keymap"}
+        # One bind with every new character of the batch, before any key.
+        assert m.qmp.log[0] == ("keymap_bind", {"bind": [[138, 0xE9], [140, 0x01004E16],
+                                                          [130, 0x0100754C]]})
+        assert all(name == "input-send-event" for name, _a in m.qmp.log[1:])
+        assert typed_in_guest(m.qmp.log) == text
+        assert x.keysyms == {138: 0xE9, 140: 0x01004E16, 130: 0x0100754C}
+        # The selections are left alone; the bindings stay and are reused.
+        assert [op for op, _f in m.guest.requests] == ["keymap_bind"]
+        await m.perform(action({"action": "type", "text": "é界!"}))
+        assert [op for op, _f in m.guest.requests] == ["keymap_bind"]
+        assert typed_in_guest(m.qmp.log) == text + "é界!"
+
+
+async def test_more_new_characters_than_spare_keys_bind_in_batches(tmp_path: Path) -> None:
+    x = FakeX()
+    text = "".join(chr(0x3041 + i) for i in range(40)) + " ok"
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery, features=(*DESKTOP, "keymap"), answers={"keymap_bind": x.bind})
+        assert isinstance(m.qmp, FakeQMP)
+        out = await m.perform(action({"action": "type", "text": text}))
+        assert out["via"] == "keys+keymap" and out["characters"] == 43
+        binds = [a for name, a in m.qmp.log if name == "keymap_bind"]
+        assert [len(b["bind"]) for b in binds] == [15, 15, 10]
+        assert typed_in_guest(m.qmp.log) == text
+
+
+async def test_a_refused_bind_is_reported_without_the_agents_words_and_rebound_next_time(
+    tmp_path: Path,
+) -> None:
+    x = FakeX()
+    calls = []
+
+    def bind(fields: dict[str, Any], on_stream: Any) -> dict[str, Any]:
+        calls.append(fields)
+        if len(calls) == 1:
+            raise GuestRefused("keymap_bind", "BadValue: resource_id = 16797206")
+        return x.bind(fields, on_stream)
+
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery, features=(*DESKTOP, "keymap"), answers={"keymap_bind": bind})
+        assert isinstance(m.qmp, FakeQMP)
+        with pytest.raises(GuestError) as exc:
+            await m.perform(action({"action": "type", "text": "ab世"}))
+        assert "16797206" not in exc.value.message and "first 0 keys" in exc.value.message
+        assert exc.value.__cause__ is None and exc.value.__suppress_context__
+        assert qmp_events(m) == []
+        out = await m.perform(action({"action": "type", "text": "世"}))
+        assert out["via"] == "keys+keymap" and len(calls) == 2
+        assert typed_in_guest(m.qmp.log) == "世"
+
+
+async def test_a_bind_count_that_does_not_match_is_refused(tmp_path: Path) -> None:
+    answers = {"keymap_bind": {"bound": True, "keysymsPerKeycode": 2}}
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery, features=(*DESKTOP, "keymap"), answers=answers)
+        with pytest.raises(GuestError, match="bound True of 1 keys"):
+            await m.perform(action({"action": "type", "text": "é"}))
+        assert qmp_events(m) == []
+
+
+async def test_a_restarted_agent_gets_its_bindings_again(tmp_path: Path) -> None:
+    x = FakeX()
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery, features=(*DESKTOP, "keymap"), answers={"keymap_bind": x.bind})
+        assert isinstance(m.guest, FakeGuest) and isinstance(m.qmp, FakeQMP)
+        await m.perform(action({"action": "type", "text": "é"}))
+        m.guest.stats.ready_lines += 1  # the agent (and perhaps X) restarted
+        x.keysyms.clear()
+        await m.perform(action({"action": "type", "text": "é"}))
+        assert [op for op, _f in m.guest.requests] == ["keymap_bind", "keymap_bind"]
+        assert typed_in_guest(m.qmp.log) == "éé"
+
+
+async def test_control_characters_are_refused_by_position_before_any_key(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery, features=(*DESKTOP, "keymap"), answers={})
+        with pytest.raises(FieldError) as exc:
+            await m.perform(action({"action": "type", "text": "ok\x1b[é"}))
+        assert exc.value.field == "action.text" and "character at 2 is a control" in exc.value.message
+        assert qmp_events(m) == []
+        assert isinstance(m.guest, FakeGuest) and m.guest.requests == []
+
+
+async def test_an_agent_without_keymap_pastes_whole_through_both_selections(tmp_path: Path) -> None:
     answers = {"clipboard_write": lambda f, _s: {"bytes": len(f["text"].encode()), "pending": f["continues"]}}
     async with trio.open_nursery() as nursery:
         m = make(tmp_path, nursery, answers=answers)
         text = "héllo 世界 " + "z" * 40_000
         out = await m.perform(action({"action": "type", "text": text}))
         assert out["via"] == "clipboard" and out["dropped"] == 0 and out["characters"] == len(text)
+        assert "cannot bind keys" in out["note"] and "not Enter" in out["note"]
         assert isinstance(m.guest, FakeGuest)
         writes = m.guest.requests
         assert {f["selection"] for _op, f in writes} == {"clipboard", "primary"}
@@ -143,13 +286,32 @@ async def test_other_text_is_pasted_whole_through_both_selections(tmp_path: Path
         assert keys == ["shift", "insert", "insert", "shift"]
 
 
-async def test_text_an_old_agent_cannot_paste_is_refused_before_any_key(tmp_path: Path) -> None:
+async def test_text_an_old_agent_cannot_type_is_refused_before_any_key(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         m = make(tmp_path, nursery, proto=1, features=())
         with pytest.raises(FieldError) as exc:
             await m.perform(action({"action": "type", "text": "ok é"}))
-        assert exc.value.field == "action.text" and "'é'" in exc.value.message
+        assert exc.value.field == "action.text" and "character at 3 has no key" in exc.value.message
+        assert "é" not in exc.value.message  # refusals reach the audit log; typed text is masked there
         assert qmp_events(m) == []
+
+
+async def test_live_text_goes_through_the_same_keymap(tmp_path: Path) -> None:
+    x = FakeX()
+    async with trio.open_nursery() as nursery:
+        m = make(tmp_path, nursery, features=(*DESKTOP, "keymap"), answers={"keymap_bind": x.bind})
+        assert isinstance(m.qmp, FakeQMP) and isinstance(m.guest, FakeGuest)
+        await m.send_input([qin.Text("ça\n")])
+        await m.perform(action({"action": "type", "text": "ç"}))  # the verb reuses the person's binding
+        assert [op for op, _f in m.guest.requests] == ["keymap_bind"]
+        assert typed_in_guest(m.qmp.log) == "ça\nç"
+    async with trio.open_nursery() as nursery:
+        old = make(tmp_path, nursery)  # clipboard_write, but no keymap: a person's text is not pasted
+        with pytest.raises(FieldError) as exc:
+            await old.send_input([qin.Text("ça")])
+        assert exc.value.field == "text" and qmp_events(old) == []
+        await old.send_input([qin.Text("plain\n")])
+        assert [e["data"]["key"]["data"] for e in qmp_events(old)][-2:] == ["ret", "ret"]
 
 
 async def test_clicks_scale_to_the_tablet_and_check_the_mode(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ def test_move_scales_to_the_absolute_axis() -> None:
         ({"type": "key", "key": "NoSuchKey", "down": True}, "key"),
         ({"type": "key", "key": "a"}, "down"),
         ({"type": "text", "text": ""}, "text"),
-        ({"type": "text", "text": "héllo"}, "text"),
+        ({"type": "text", "text": "x" * 4097}, "text"),
+        ({"type": "text", "text": 7}, "text"),
         ({"type": "teleport"}, "type"),
         ({}, "type"),
     ],
@@ -58,9 +59,19 @@ def test_key_events_are_audited_without_the_key() -> None:
 
 def test_text_is_typed_and_masked() -> None:
     plan, shape = plan_input({"type": "text", "text": "s3cret!"}, DISPLAY)
-    assert plan == qin.plan_typing("s3cret!")
-    assert "s3cret" not in repr(shape)
+    assert plan == [qin.Text("s3cret!")]
+    assert "s3cret" not in repr(shape) and "s3cret" not in repr(plan)
     assert shape["text"]["len"] == 7
+
+
+def test_text_outside_the_us_map_is_left_to_the_machines_keymap() -> None:
+    """No refusal here: the machine types it on spare keys its agent binds
+    (tests/unit/test_desktop_machine.py), as the type verb does."""
+    plan, shape = plan_input({"type": "text", "text": "héllo 世界\n"}, DISPLAY)
+    assert plan == [qin.Text("héllo 世界\n")] and isinstance(plan[0], qin.Text)
+    assert plan[0].field == "text"
+    assert "héllo" not in repr(shape) and "世界" not in repr(plan)
+    assert shape["type"] == "text" and shape["text"]["len"] == 9
 
 
 def test_wheel_defaults_to_one_notch() -> None:
