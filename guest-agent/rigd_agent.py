@@ -6,10 +6,15 @@ How this works
 The agent reads one JSON request per line from its channel (a virtio-serial
 port in a guest, stdin/stdout in tests), answers each with one final reply
 line, and may stream events for a request before that reply.  Every request
-that can block (exec, pty_open, pty_close, shutdown) runs on its own thread;
-quick ones (ping, hello, pty_in, pty_resize) run inline on the reader thread
-so their order is kept.  All writers share one lock on the channel, so lines
-never interleave.
+that can block (exec, pty_open, pty_close, shutdown, file_read, …) runs on
+its own thread; quick ones (ping, hello, pty_in, pty_resize, the file_put_*
+writes, file_ack) run inline on the reader thread so their order is kept.
+All writers share one lock on the channel, so lines never interleave.
+
+Files travel in both protocols: a drop is written to a temporary file,
+verified against the host's sha256 and only then linked under a name that
+was free (never over an existing file); a read is hashed, then streamed
+under the host's credit (``file_ack``).
 
 It runs from a read-only tools disk with its own interpreter and libc, inside
 an image we know nothing about: it uses only the Python 3.11 standard
@@ -32,14 +37,19 @@ import argparse
 import base64
 import binascii
 import contextlib
+import errno
 import fcntl
+import hashlib
 import json
 import os
+import pwd
 import re
+import secrets
 import selectors
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -47,7 +57,7 @@ import termios
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PROTO = 1  # the terminal agent: exec, ptys, reseed
@@ -148,6 +158,8 @@ def field_int(
     if type(value) is not int:
         raise BadRequest(f"{name} must be an integer")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if hi is None:
+            raise BadRequest(f"{name} must be at least {lo}")
         raise BadRequest(f"{name} must be between {lo} and {hi}")
     return value
 
@@ -289,16 +301,20 @@ class LineReader:
     """Splits a byte stream into lines of at most ``max_line`` bytes.
 
     A longer line is dropped up to its next newline and reported once as
-    ``None`` in the returned list.
+    ``None`` in the returned list. The pieces of a line that spans many reads
+    (a virtio port returns at most a page per read) are kept as they came and
+    joined once: a big line is copied once, not grown.
     """
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
         self.max_line = max_line
-        self.buf = bytearray()
+        self.parts: list[bytes] = []
+        self.size = 0
         self.discarding = False
 
     def reset(self) -> None:
-        self.buf.clear()
+        self.parts.clear()
+        self.size = 0
         self.discarding = False
 
     def feed(self, data: bytes) -> list[bytes | None]:
@@ -310,16 +326,20 @@ class LineReader:
             if self.discarding:
                 if nl >= 0:
                     self.discarding = False
-            elif len(self.buf) + (end - pos) > self.max_line:
-                self.buf.clear()
+            elif self.size + (end - pos) > self.max_line:
+                self.reset()
                 out.append(None)
                 self.discarding = nl < 0
             elif nl >= 0:
-                self.buf += data[pos:end]
-                out.append(bytes(self.buf))
-                self.buf.clear()
+                if self.parts:
+                    self.parts.append(data[pos:end])
+                    out.append(b"".join(self.parts))
+                    self.reset()
+                else:
+                    out.append(data[pos:end])
             else:
-                self.buf += data[pos:end]
+                self.parts.append(data[pos:end])  # data itself when the read is all one piece
+                self.size += end - pos
             pos = end + 1 if nl >= 0 else n
         return out
 
@@ -343,18 +363,31 @@ class Channel:
             else:
                 obj = {"ev": "error", "error": "event too large for one line"}
             line = json.dumps(obj, separators=(",", ":")).encode("ascii")
-        view = memoryview(line + b"\n")
+        return self.send_parts([line, b"\n"])
+
+    def send_parts(self, parts: list[bytes]) -> bool:
+        """Write ``parts`` as one line (the caller ends it with a newline), without joining them.
+
+        A virtio port takes at most 32 KiB per write: a partial ``writev``
+        moves on through the parts by view, never copying a big one.
+        """
+        views = [memoryview(part) for part in parts if part]
         with self.lock:
-            while view:
+            while views:
                 try:
-                    n = os.write(self.wfd, view)
-                except BlockingIOError:
+                    n = os.writev(self.wfd, views)
+                except (BlockingIOError, InterruptedError):
                     time.sleep(0.01)
                     continue
                 except OSError as exc:
                     log(f"write to host failed: {exc}")
                     return False
-                view = view[n:]
+                while n:
+                    if n >= len(views[0]):
+                        n -= len(views.pop(0))
+                    else:
+                        views[0] = views[0][n:]
+                        n = 0
         return True
 
 
@@ -385,6 +418,174 @@ def _winsize(rows: int, cols: int) -> bytes:
 
 
 # --------------------------------------------------------------------------
+# files (both protocols): drops into the guest, reads out of it
+#
+# A drop is written to a temporary file next to its destination, checked
+# against the host's sha256, and only then linked under its final name
+# (os.link never replaces an existing file: a taken name moves on to
+# "2-name", "3-name", …). A read is hashed once, then streamed in chunks
+# under the host's credit (file_ack), so a slow download never fills the
+# channel.
+
+DROP_MAX_OPEN = 64  # drops with an open temp file at once
+DROP_PART_MAX = 512 * 1024  # raw bytes per file_put_data
+DROP_FILE_MAX = 256 << 20  # bytes per dropped file
+DROP_STALE_S = 3600.0  # an unowned temp file older than this is swept
+DROP_NAME_TRIES = 9999  # name, 2-name, … 9999-name
+DROP_B64_MAX = 4 * ((DROP_PART_MAX + 2) // 3)
+READ_CHUNK = 256 * 1024  # raw bytes per file_read data event
+READ_BUF = 1 << 20  # bytes per read(2) of the hashing pass
+READ_STALL_S = 300.0  # a file_read the host stops acknowledging ends after this long
+_DROP_TEMP = re.compile(r"\.rigd-drop-[0-9a-f]{16}\.part\Z")
+# A file_put_data line as GuestProtocol.send_request writes it, up to the base64
+# (the line must end with '"}'). Numbers as JSON spells them: no leading zeros.
+_INT = rb"(0|-?[1-9][0-9]{0,17})"
+_PUT_DATA_LINE = re.compile(
+    rb'\{"id":' + _INT + rb',"op":"file_put_data","handle":' + _INT + rb',"offset":' + _INT + rb',"data":"'
+)
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
+FILE_KINDS = {
+    stat.S_IFDIR: "directory",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFIFO: "fifo",
+    stat.S_IFSOCK: "socket",
+}
+
+
+def check_drop_name(name: object) -> str:
+    """A file name a drop may take in its directory, or a BadRequest naming the flaw."""
+    if not isinstance(name, str) or not name:
+        raise BadRequest("name must be a non-empty string")
+    if name in (".", ".."):
+        raise BadRequest(f"name must not be {name!r}")
+    if "/" in name:
+        raise BadRequest("name must not contain /")
+    if "\0" in name:
+        raise BadRequest("name must not contain NUL")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise BadRequest("name must not contain control characters")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest("name is not valid Unicode (lone surrogate)") from None
+    if size > 255:
+        raise BadRequest(f"name is {size} bytes of UTF-8, over 255")
+    if _DROP_TEMP.match(name):
+        # such a file would be swept as a stale temporary an hour later
+        raise BadRequest("name is reserved for the agent's temporary files")
+    return name
+
+
+def final_names(name: str) -> Iterator[str]:
+    """The names a committed drop tries, in order: name, 2-name, … 9999-name."""
+    yield name
+    for k in range(2, DROP_NAME_TRIES + 1):
+        yield f"{k}-{name}"
+
+
+def file_kind(mode: int) -> str:
+    return FILE_KINDS.get(stat.S_IFMT(mode), f"mode {stat.S_IFMT(mode):o}")
+
+
+def field_sha256(req: dict[str, Any], name: str) -> str:
+    value = req.get(name)
+    if not isinstance(value, str) or not _SHA256_HEX.match(value):
+        raise BadRequest(f"{name} must be 64 lower-case hex digits")
+    return value
+
+
+def field_path(req: dict[str, Any], name: str) -> str | None:
+    """A string field naming a file: without NUL, and encodable as a file name."""
+    value = field_str(req, name)
+    if value is not None:
+        try:
+            os.fsencode(value)
+        except UnicodeEncodeError:
+            raise BadRequest(f"{name} is not valid Unicode (lone surrogate)") from None
+    return value
+
+
+def field_handles(req: dict[str, Any]) -> list[int]:
+    value = req.get("handles")
+    if not isinstance(value, list) or not all(type(h) is int for h in value):
+        raise BadRequest("handles must be a list of integers")
+    if len(set(value)) != len(value):
+        raise BadRequest("handles must not repeat")
+    return value
+
+
+def open_dir(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def make_dirs(path: str, uid: int, gid: int) -> None:
+    """Create ``path`` and its missing parents, each owned by ``uid``:``gid``, mode 0755."""
+    missing: list[str] = []
+    here = path
+    while not os.path.isdir(here):
+        if os.path.lexists(here) and not os.path.islink(here):
+            raise Refused(f"not a directory: {here}")
+        missing.append(here)
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    for each in reversed(missing):
+        try:
+            os.mkdir(each, 0o755)
+        except FileExistsError:
+            if os.path.isdir(each):
+                continue  # made meanwhile: not ours to chown
+            raise Refused(f"not a directory: {each}") from None
+        fd = os.open(each, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o755)  # the umask had its say in mkdir
+        finally:
+            os.close(fd)
+
+
+class Drop:
+    """One uploaded file: its temp file, until committed or aborted.
+
+    ``fd`` is open until file_put_close; ``digest`` is set once the close
+    verified the host's byte count and sha256. ``lock`` serialises the I/O
+    of this drop (writes on the reader thread, the close on its own).
+    """
+
+    def __init__(
+        self, handle: int, directory: str, dfd: int, temp: str, name: str, fd: int, ino: int
+    ) -> None:
+        self.handle = handle
+        self.dir = directory  # resolved, absolute
+        self.dfd = dfd  # the directory, held: every name below is relative to it
+        st = os.fstat(dfd)
+        self.dir_id = (st.st_dev, st.st_ino)
+        self.temp = temp
+        self.name = name
+        self.path = os.path.join(directory, name)  # for messages
+        self.fd: int | None = fd
+        self.ino = ino
+        self.written = 0
+        self.sha = hashlib.sha256()
+        self.digest: str | None = None
+        self.gone = False
+        self.lock = threading.Lock()
+
+
+class FileRead:
+    """A file_read in flight: the host's credit, and whether it was cancelled."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.acked = 0  # the host consumed this much
+        self.sent = 0
+        self.cancelled = False
+        self.cond = threading.Condition()
+
+
+# --------------------------------------------------------------------------
 # the desktop (guest protocol 2): an X session the agent can see
 #
 # Everything here runs only when the agent knows an X display (DISPLAY from
@@ -397,10 +598,15 @@ SESSION_ENV_FILE = "/etc/rigd/session.env"
 SESSION_KEYS = ("DISPLAY", "XAUTHORITY")  # taken from the agent's own environment too
 DESKTOP_FEATURES = (
     "screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env",
+    "clipboard_image", "clipboard_files", "keymap",
 )  # fmt: skip
+FEATURES = ("files",)  # both protocols, standard library only
 NO_DISPLAY = "no display: this rig has no X session"
 INLINE_MAX = 512 * 1024  # bigger payloads (images, clipboard text) go as streamed `data` chunks
 MAX_CLIPBOARD = 1 << 20  # bytes of UTF-8, both directions
+MAX_CLIPBOARD_IMAGE = 16 << 20  # bytes of an image, both directions
+MEDIA_TYPES = ("text/plain", "text/uri-list", "image/png", "image/jpeg")
+CLIPBOARD_KINDS = ("text", "image", "uris")
 SCREEN_MAX = (2560, 1600)  # the largest still anyone may ask for (RIGS.md §7: people)
 SCREEN_DEFAULT = (1280, 800)  # the agent lane's cap
 MODE_MIN = (640, 480)
@@ -408,6 +614,12 @@ MODE_MAX = (2560, 1600)
 SELECTIONS = {"clipboard": "CLIPBOARD", "primary": "PRIMARY", "xdnd": "XdndSelection"}
 # Text targets asked of a selection owner, best first (decoding per target).
 TEXT_TARGETS = ("UTF8_STRING", "text/plain;charset=utf-8", "STRING", "TEXT", "text/plain", "text/uri-list")
+IMAGE_TARGETS = ("image/png", "image/jpeg")
+URI_TARGETS = ("text/uri-list",)
+MAX_TARGETS = 64  # TARGETS names reported, each at most MAX_TARGET_LEN characters
+MAX_TARGET_LEN = 128
+KEYMAP_MAX_BIND = 32
+KEYSYM_MAX = 0x1FFFFFF
 SELECTION_TIMEOUT_S = 3.0
 XRANDR_TIMEOUT_S = 20.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -445,6 +657,59 @@ def read_session_env(path: str | None, own: dict[str, str] | os._Environ[str]) -
         if own.get(key):
             env[key] = own[key]
     return env if env.get("DISPLAY") else {}
+
+
+def pick_targets(offered: list[str] | None, accept: tuple[str, ...]) -> list[str]:
+    """The targets to ask a selection owner for, best first, among the ``accept``ed kinds.
+
+    Images first (PNG, then JPEG), then a URI list, then text as ever (whose
+    last resort is a URI list too). ``offered`` is the owner's TARGETS;
+    ``None`` when it did not answer them, then the likely ones are tried.
+    """
+    order: list[str] = []
+    if "image" in accept:
+        order += IMAGE_TARGETS
+    if "uris" in accept:
+        order += URI_TARGETS
+    if "text" in accept:
+        order += TEXT_TARGETS if offered is not None else TEXT_TARGETS[:3]
+    order = list(dict.fromkeys(order))
+    return order if offered is None else [t for t in order if t in offered]
+
+
+def media_type(target: str | None) -> str:
+    """What a reply says it carries: the image and URI-list targets name themselves."""
+    return target if target in IMAGE_TARGETS or target in URI_TARGETS else "text/plain"
+
+
+def report_targets(offered: list[str] | None) -> list[str]:
+    return [t for t in offered or () if 0 < len(t) <= MAX_TARGET_LEN][:MAX_TARGETS]
+
+
+def field_accept(req: dict[str, Any]) -> tuple[str, ...]:
+    value = req.get("accept")
+    if value is None:
+        return ("text",)
+    if not isinstance(value, list) or not value or not all(v in CLIPBOARD_KINDS for v in value):
+        raise BadRequest(f"accept must be a non-empty list of {', '.join(CLIPBOARD_KINDS)}")
+    return tuple(dict.fromkeys(value))
+
+
+def field_bind(req: dict[str, Any]) -> list[tuple[int, int]]:
+    value = req.get("bind")
+    if not isinstance(value, list) or not 1 <= len(value) <= KEYMAP_MAX_BIND:
+        raise BadRequest(f"bind must be a list of 1 to {KEYMAP_MAX_BIND} [keycode, keysym] pairs")
+    pairs: list[tuple[int, int]] = []
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)):
+            raise BadRequest(f"bind[{i}] must be a [keycode, keysym] pair of integers")
+        keycode, keysym = pair
+        if not 8 <= keycode <= 255:
+            raise BadRequest(f"bind[{i}]: keycode must be between 8 and 255")
+        if not 0 <= keysym <= KEYSYM_MAX:
+            raise BadRequest(f"bind[{i}]: keysym must be between 0 and {KEYSYM_MAX:#x}")
+        pairs.append((keycode, keysym))
+    return pairs
 
 
 def fit_size(width: int, height: int, max_w: int, max_h: int) -> tuple[int, int, float]:
@@ -633,6 +898,9 @@ class Desktop:
             "clipboard_read": self.has_xlib,
             "clipboard_write": bool(self.xclip) and self.has_xlib,
             "session_env": True,
+            "clipboard_image": bool(self.xclip) and self.has_xlib,
+            "clipboard_files": bool(self.xclip) and self.has_xlib,
+            "keymap": self.has_xlib,
         }
         return [f for f in DESKTOP_FEATURES if have[f]]
 
@@ -670,9 +938,11 @@ class Desktop:
 
     def need(self, feature: str) -> None:
         if feature not in self.features():
+            xclip = "xclip and python3-xlib"
             missing = {"screen": "python3-pil", "cursor": "python3-xlib", "display": "xrandr",
-                       "set_display": "xrandr", "clipboard_read": "python3-xlib",
-                       "clipboard_write": "xclip and python3-xlib"}.get(feature, feature)  # fmt: skip
+                       "set_display": "xrandr", "clipboard_read": "python3-xlib", "clipboard_write": xclip,
+                       "clipboard_image": xclip, "clipboard_files": xclip, "keymap": "python3-xlib",
+                       }.get(feature, feature)  # fmt: skip
             raise Refused(f"no display support for {feature}: the image lacks {missing}")
 
     def _connect(self) -> Any:
@@ -781,8 +1051,12 @@ class Desktop:
 
     # ---- selections
 
-    def read_selection(self, which: str, limit: int) -> dict[str, Any]:
-        """Ask the owner of a selection for text; ``{"owner": False}`` if it has none."""
+    def read_selection(self, which: str, accept: tuple[str, ...] = ("text",)) -> dict[str, Any]:
+        """Ask the owner of a selection for the best target of the ``accept``ed kinds.
+
+        ``{"owner": False}`` if it has none. Text is cut at 1 MiB
+        (``truncated``), an image at 16 MiB (and then refused by the caller).
+        """
         import select
 
         import Xlib.X
@@ -793,7 +1067,7 @@ class Desktop:
             sel = d.intern_atom(atom_name)
             owner = d.get_selection_owner(sel)
             if int(getattr(owner, "id", owner) or 0) == 0:
-                return {"owner": False, "data": b"", "target": None, "truncated": False}
+                return {"owner": False, "data": b"", "target": None, "truncated": False, "targets": []}
             win = d.screen().root.create_window(
                 0, 0, 1, 1, 0, Xlib.X.CopyFromParent, event_mask=Xlib.X.PropertyChangeMask
             )
@@ -827,11 +1101,11 @@ class Desktop:
                     for a in list(got.value)[:256]:
                         with contextlib.suppress(Exception):
                             offered.append(d.get_atom_name(a))
-            order = [t for t in TEXT_TARGETS if t in offered] if offered else list(TEXT_TARGETS[:3])
-            for target in order:
+            for target in pick_targets(offered or None, accept):
                 got = convert(target)
                 if got is None:
                     continue
+                limit = MAX_CLIPBOARD_IMAGE if target in IMAGE_TARGETS else MAX_CLIPBOARD
                 if got.property_type == incr:
                     data, truncated = self._read_incr(d, win, prop, limit, next_event)
                 else:
@@ -840,8 +1114,10 @@ class Desktop:
                     data = data[:limit]
                 win.delete_property(prop)
                 d.flush()
-                return {"owner": True, "data": data, "target": target, "truncated": truncated}
-            return {"owner": True, "data": b"", "target": None, "truncated": False}
+                return {"owner": True, "data": data, "target": target, "truncated": truncated,
+                        "targets": report_targets(offered)}  # fmt: skip
+            return {"owner": True, "data": b"", "target": None, "truncated": False,
+                    "targets": report_targets(offered)}  # fmt: skip
         finally:
             with contextlib.suppress(Exception):
                 d.close()
@@ -873,8 +1149,8 @@ class Desktop:
                 return bytes(out), truncated  # the owner gives up on its own later
             out += chunk
 
-    def write_selection(self, which: str, data: bytes) -> None:
-        """Make xclip own ``which`` with ``data``; return once it does."""
+    def write_selection(self, which: str, data: bytes, media: str = "text/plain") -> None:
+        """Make xclip own ``which`` with ``data`` (as ``media``); return once it does."""
         if not self.xclip:
             raise Refused("no display support for clipboard_write: the image lacks xclip")
         atom_name = SELECTIONS[which]
@@ -883,8 +1159,9 @@ class Desktop:
             # xclip forks a child that serves the selection until another
             # owner takes it. That child keeps any inherited pipe open, so
             # stdout/stderr go to /dev/null (HOST-NOTES) and only stdin is ours.
+            typed = [] if media == "text/plain" else ["-t", media]  # plain text: xclip's own targets
             proc = subprocess.Popen(
-                [self.xclip, "-i", "-selection", which],
+                [self.xclip, "-i", "-selection", which, *typed],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=clean_env(self.env), start_new_session=True, close_fds=True,
             )  # fmt: skip
@@ -906,6 +1183,34 @@ class Desktop:
                 if time.monotonic() > deadline:
                     raise Refused(f"xclip did not take the {which} selection")
                 time.sleep(0.01)
+
+
+    # ---- the keyboard mapping
+
+    def bind_keys(self, pairs: list[tuple[int, int]]) -> tuple[int, int]:
+        """Give each keycode its keysym in every column (XChangeKeyboardMapping), then XSync.
+
+        Returns ``(pairs bound, keysyms per keycode)``.
+        """
+
+        def q(d: Any) -> tuple[int, int]:
+            import Xlib.error
+
+            lo, hi = int(d.display.info.min_keycode), int(d.display.info.max_keycode)
+            for keycode, _ in pairs:
+                if not lo <= keycode <= hi:
+                    raise Refused(f"keymap_bind: keycode {keycode} is outside the X server's range {lo}-{hi}")
+            per = len(d.get_keyboard_mapping(lo, 1)[0]) or 1
+            catch = Xlib.error.CatchError()
+            for keycode, keysym in pairs:
+                d.change_keyboard_mapping(keycode, [[keysym] * per], onerror=catch)
+            d.sync()
+            err = catch.get_error()
+            if err is not None:
+                raise Refused(f"keymap_bind: X error {_x_error_text(err)}")
+            return len(pairs), per
+
+        return tuple(self.x(q))  # type: ignore[return-value]
 
 
 def _xrandr_ok(res: subprocess.CompletedProcess[bytes], what: str) -> None:
@@ -962,7 +1267,11 @@ class Agent:
         self.ptys: dict[int, Pty] = {}
         self.next_pty = 1
         self.procs: dict[int, subprocess.Popen[bytes]] = {}  # running exec leaders
-        self.clip_parts: dict[str, bytes] = {}  # clipboard_write parts held until the last one
+        self.clip_parts: dict[str, tuple[str, bytearray]] = {}  # clipboard_write parts held until the last
+        self.files_lock = threading.Lock()  # guards the two tables below (and next_drop)
+        self.drops: dict[int, Drop] = {}
+        self.next_drop = 1
+        self.reads: dict[int, FileRead] = {}  # file_read request id -> its flow control
         self.shutting_down = False
         self.workers: set[threading.Thread] = set()
         self.inline: dict[str, Callable[[int, dict[str, Any]], None]] = {
@@ -971,12 +1280,21 @@ class Agent:
             "reseed": self.op_reseed,
             "pty_in": self.op_pty_in,
             "pty_resize": self.op_pty_resize,
+            # files: the writes of a drop must keep their order; acks must never wait
+            "file_put_open": self.op_file_put_open,
+            "file_put_data": self.op_file_put_data,
+            "file_commit": self.op_file_commit,
+            "file_abort": self.op_file_abort,
+            "file_ack": self.op_file_ack,
+            "file_read_cancel": self.op_file_read_cancel,
         }
         self.threaded: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "exec": self.op_exec,
             "pty_open": self.op_pty_open,
             "pty_close": self.op_pty_close,
             "shutdown": self.op_shutdown,
+            "file_put_close": self.op_file_put_close,  # fsync
+            "file_read": self.op_file_read,
             # protocol 2: they talk to the X server or run xrandr/xclip, so they may block
             "screen": self.op_screen,
             "screenshot": self.op_screen,
@@ -985,13 +1303,17 @@ class Agent:
             "set_display": self.op_set_display,
             "clipboard_read": self.op_clipboard_read,
             "clipboard_write": self.op_clipboard_write,
+            "keymap_bind": self.op_keymap_bind,
         }
+
+    def features(self) -> list[str]:
+        """What this agent can do: the desktop's (protocol 2), then what every agent does."""
+        return [*(self.desktop.features() if self.desktop is not None else ()), *FEATURES]
 
     def ready_event(self) -> dict[str, Any]:
         ev: dict[str, Any] = {"ev": "ready", "proto": self.proto, "agent": self.agent_name}
         ev["pid"] = os.getpid()
-        if self.desktop is not None:
-            ev["features"] = self.desktop.features()
+        ev["features"] = self.features()
         return ev
 
     def child_env(self, extra: dict[str, str] | None, term: str | None = None) -> dict[str, str]:
@@ -1026,6 +1348,21 @@ class Agent:
         if line is None:
             self.bad_line(f"line longer than {MAX_LINE} bytes")
             return
+        if line.startswith(b'{"id":') and line.endswith(b'"}'):
+            m = _PUT_DATA_LINE.match(line)
+            if m is not None:
+                # The bulk of a drop, as the host encodes it: skip json.loads
+                # of the big string. Strict base64 of the rest proves the line
+                # was exactly this JSON object (no quote or backslash hides in
+                # it); anything else takes the general path below.
+                try:
+                    data = binascii.a2b_base64(memoryview(line)[m.end() : -2], strict_mode=True)
+                except (binascii.Error, ValueError):
+                    data = None
+                if data is not None:
+                    req = {"handle": int(m.group(2)), "offset": int(m.group(3))}
+                    self.run(self.op_file_put_data, int(m.group(1)), req, data)
+                    return
         try:
             req = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
         except UnicodeDecodeError:
@@ -1048,6 +1385,10 @@ class Agent:
         if op in self.inline:
             self.run(self.inline[op], rid, req)
         elif op in self.threaded:
+            if op == "file_read":
+                # Known before its thread runs, so a file_read_cancel right behind it finds it.
+                with self.files_lock:
+                    self.reads[rid] = FileRead(1)
             try:
                 worker = threading.Thread(
                     target=self.run,
@@ -1059,20 +1400,22 @@ class Agent:
                     self.workers.add(worker)
                 worker.start()
             except RuntimeError as exc:  # cannot start a thread: out of resources
+                with self.files_lock:
+                    self.reads.pop(rid, None)
                 self.fail(rid, f"cannot start {op}: {exc}")
         else:
             self.fail(rid, f"unknown op: {clip(op, 100)}")
 
-    def run(self, fn: Callable[[int, dict[str, Any]], None], rid: int, req: dict[str, Any]) -> None:
+    def run(self, fn: Callable[..., None], rid: int, req: dict[str, Any], *args: Any) -> None:
         try:
-            self._run(fn, rid, req)
+            self._run(fn, rid, req, *args)
         finally:
             with self.lock:
                 self.workers.discard(threading.current_thread())
 
-    def _run(self, fn: Callable[[int, dict[str, Any]], None], rid: int, req: dict[str, Any]) -> None:
+    def _run(self, fn: Callable[..., None], rid: int, req: dict[str, Any], *args: Any) -> None:
         try:
-            fn(rid, req)
+            fn(rid, req, *args)
         except BadRequest as exc:
             self.fail(rid, f"bad request: {exc}")
         except Refused as exc:
@@ -1109,8 +1452,8 @@ class Agent:
                 boot_s = float(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             boot_s = time.monotonic()
+        extra["features"] = self.features()
         if self.desktop is not None:
-            extra["features"] = self.desktop.features()
             extra["display"] = self.desktop.name
             extra["displayReady"] = self.desktop.reachable()
         self.ok(
@@ -1583,8 +1926,21 @@ class Agent:
 
     def op_clipboard_read(self, rid: int, req: dict[str, Any]) -> None:
         which = field_choice(req, "selection", tuple(SELECTIONS), default="clipboard")
+        accept = field_accept(req)
         desk = self.need_desktop("clipboard_read")
-        got = desk.read_selection(which, MAX_CLIPBOARD)
+        if "image" in accept:
+            desk.need("clipboard_image")
+        if "uris" in accept:
+            desk.need("clipboard_files")
+        got = desk.read_selection(which, accept)
+        media = media_type(got["target"])
+        if media in IMAGE_TARGETS:
+            if got["truncated"]:
+                raise Refused("image over 16 MiB")
+            self.ok(rid, selection=which, owner=got["owner"], target=got["target"], bytes=len(got["data"]),
+                    truncated=False, mediaType=media, targets=got["targets"],
+                    **self.send_bulk(rid, got["data"]))  # fmt: skip
+            return
         text = decode_selection(got["data"], got["target"])
         raw = text.encode("utf-8")
         if len(raw) > MAX_CLIPBOARD:  # a STRING owner's Latin-1 grew in UTF-8
@@ -1592,7 +1948,8 @@ class Agent:
             text = raw.decode("utf-8")
             got["truncated"] = True
         fields: dict[str, Any] = {"selection": which, "owner": got["owner"], "target": got["target"],
-                                  "bytes": len(raw), "truncated": got["truncated"]}  # fmt: skip
+                                  "bytes": len(raw), "truncated": got["truncated"], "mediaType": media,
+                                  "targets": got["targets"]}  # fmt: skip
         if len(json.dumps(text)) <= INLINE_MAX:  # ASCII-only JSON: \uXXXX escapes count
             fields["text"] = text
         else:
@@ -1608,29 +1965,404 @@ class Agent:
         return chunks
 
     def op_clipboard_write(self, rid: int, req: dict[str, Any]) -> None:
-        text = req.get("text")
-        if not isinstance(text, str):
-            raise BadRequest("text is required and must be a string")
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest("text is not valid Unicode (lone surrogate)") from None
+        media = field_choice(req, "mediaType", MEDIA_TYPES, default="text/plain")
+        if media in IMAGE_TARGETS:
+            if req.get("text") is not None:
+                raise BadRequest(f"text is not for {media}: send data")
+            value = req.get("data")
+            if not isinstance(value, str):
+                raise BadRequest("data is required and must be a base64 string")
+            if len(value) > DROP_B64_MAX:
+                raise BadRequest(f"data is over {INLINE_MAX} bytes in one part")
+            try:
+                data = binascii.a2b_base64(value, strict_mode=True)
+            except (binascii.Error, ValueError):
+                raise BadRequest("data is not valid base64") from None
+            if len(data) > INLINE_MAX:
+                raise BadRequest(f"data is over {INLINE_MAX} bytes in one part")
+            limit, feature = MAX_CLIPBOARD_IMAGE, "clipboard_image"
+        else:
+            if req.get("data") is not None:
+                raise BadRequest(f"data is not for {media}: send text")
+            text = req.get("text")
+            if not isinstance(text, str):
+                raise BadRequest("text is required and must be a string")
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest("text is not valid Unicode (lone surrogate)") from None
+            limit = MAX_CLIPBOARD
+            feature = "clipboard_write" if media == "text/plain" else "clipboard_files"
         which = field_choice(req, "selection", ("clipboard", "primary"), default="clipboard")
         continues = field_bool(req, "continues", default=False)
         desk = self.need_desktop("clipboard_write")
-        # A text too long for one request line comes in parts: every part but
-        # the last says continues=true and is held (per selection) until then.
+        desk.need(feature)
+        # A payload too long for one request line comes in parts: every part
+        # but the last says continues=true and is held (per selection) until then.
         with self.lock:
-            held = self.clip_parts.pop(which, b"")
+            held_media, held = self.clip_parts.pop(which, (media, bytearray()))
+            if held_media != media:
+                raise BadRequest(f"mediaType {media} does not continue the held {held_media} parts: dropped")
             total = len(held) + len(data)
-            if total > MAX_CLIPBOARD:
-                raise BadRequest(f"text is {total} bytes of UTF-8, over the {MAX_CLIPBOARD}-byte limit")
+            if total > limit:
+                what = "data is" if media in IMAGE_TARGETS else "text is"
+                unit = "bytes" if media in IMAGE_TARGETS else "bytes of UTF-8"
+                raise BadRequest(f"{what} {total} {unit}, over the {limit}-byte limit")
+            held += data
             if continues:
-                self.clip_parts[which] = held + data
-                self.ok(rid, selection=which, bytes=total, pending=True)
+                self.clip_parts[which] = (media, held)
+                self.ok(rid, selection=which, bytes=total, pending=True, mediaType=media)
                 return
-        desk.write_selection(which, held + data)
-        self.ok(rid, selection=which, bytes=total, pending=False)
+        desk.write_selection(which, bytes(held), media)
+        self.ok(rid, selection=which, bytes=total, pending=False, mediaType=media)
+
+    def op_keymap_bind(self, rid: int, req: dict[str, Any]) -> None:
+        pairs = field_bind(req)
+        desk = self.need_desktop("keymap")
+        bound, per = desk.bind_keys(pairs)
+        self.ok(rid, bound=bound, keysymsPerKeycode=per)
+
+    # ---- files: drops (file_put_*, file_commit, file_abort)
+
+    def op_file_put_open(self, rid: int, req: dict[str, Any]) -> None:
+        where = field_path(req, "dir")
+        if not where:
+            raise BadRequest("dir is required: an absolute path or ~/…")
+        name = check_drop_name(req.get("name"))
+        owner = field_str(req, "owner")
+        if owner is None:
+            owner = "root"
+        if not owner or len(owner) > 256:
+            raise BadRequest("owner must be a user name")
+        try:
+            user = pwd.getpwnam(owner)
+        except KeyError:
+            raise Refused(f"no such user: {clip(owner, 100)}") from None
+        if where == "~" or where.startswith("~/"):
+            where = user.pw_dir + where[1:]
+        if not where.startswith("/"):
+            raise BadRequest("dir must be absolute or start with ~/")
+        where = os.path.normpath(where)
+        with self.files_lock:
+            if sum(d.fd is not None for d in self.drops.values()) >= DROP_MAX_OPEN:
+                raise Refused("too many open drops")
+        make_dirs(where, user.pw_uid, user.pw_gid)
+        resolved = os.path.realpath(where)
+        dfd = open_dir(resolved)
+        try:
+            self._sweep_drops(dfd)
+            temp = f".rigd-drop-{secrets.token_hex(8)}.part"
+            flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(temp, flags, 0o600, dir_fd=dfd)
+        except BaseException:
+            os.close(dfd)
+            raise
+        try:
+            os.fchown(fd, user.pw_uid, user.pw_gid)
+            ino = os.fstat(fd).st_ino
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dfd)
+            os.close(dfd)
+            raise
+        with self.files_lock:
+            handle = self.next_drop
+            self.next_drop += 1
+            self.drops[handle] = Drop(handle, resolved, dfd, temp, name, fd, ino)
+        self.ok(rid, handle=handle, dir=resolved)
+
+    def _sweep_drops(self, dfd: int) -> None:
+        """Remove temp files of this directory that no drop owns and nobody wrote for an hour."""
+        st = os.fstat(dfd)
+        here = (st.st_dev, st.st_ino)
+        with self.files_lock:
+            owned = {d.temp for d in self.drops.values() if d.dir_id == here}
+        now = time.time()
+        with contextlib.suppress(OSError), os.scandir(dfd) as entries:
+            for entry in entries:
+                if not _DROP_TEMP.match(entry.name) or entry.name in owned:
+                    continue
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and now - st.st_mtime > DROP_STALE_S:
+                        os.unlink(entry.name, dir_fd=dfd)
+
+    def _drop(self, req: dict[str, Any]) -> Drop:
+        handle = field_int(req, "handle", required=True)
+        with self.files_lock:
+            drop = self.drops.get(handle)  # type: ignore[arg-type]
+        if drop is None:
+            raise Refused(f"no such drop: {handle}")
+        return drop
+
+    def _remove_drop(self, drop: Drop) -> None:
+        """Delete the drop's temp file and forget it. Holds ``drop.lock``."""
+        if drop.gone:
+            return
+        drop.gone = True
+        if drop.fd is not None:
+            close_quietly(drop.fd)
+            drop.fd = None
+        with contextlib.suppress(OSError):
+            os.unlink(drop.temp, dir_fd=drop.dfd)
+        self._forget_drop(drop)
+
+    def _forget_drop(self, drop: Drop) -> None:
+        drop.gone = True
+        with self.files_lock:
+            self.drops.pop(drop.handle, None)
+        close_quietly(drop.dfd)
+
+    def op_file_put_data(self, rid: int, req: dict[str, Any], data: bytes | None = None) -> None:
+        """``data``: already decoded by the fast path in ``_handle_line``."""
+        offset = field_int(req, "offset", required=True, lo=0)
+        if data is None:
+            value = req.get("data")
+            if not isinstance(value, str):
+                raise BadRequest("data is required and must be a base64 string")
+            if len(value) > DROP_B64_MAX:
+                raise BadRequest(f"data is over {DROP_PART_MAX} bytes")
+            try:
+                data = binascii.a2b_base64(value, strict_mode=True)  # the fastest decoder in the stdlib
+            except (binascii.Error, ValueError):
+                raise BadRequest("data is not valid base64") from None
+        if len(data) > DROP_PART_MAX:
+            raise BadRequest(f"data is over {DROP_PART_MAX} bytes")
+        drop = self._drop(req)
+        with drop.lock:
+            if drop.gone:
+                raise Refused(f"no such drop: {drop.handle}")
+            if drop.fd is None:
+                raise Refused(f"drop {drop.handle} is closed")
+            if offset != drop.written:
+                raise Refused(f"offset {offset} does not follow {drop.written}")
+            if drop.written + len(data) > DROP_FILE_MAX:
+                self._remove_drop(drop)
+                raise Refused(f"drop {drop.handle} is over the {DROP_FILE_MAX}-byte limit: removed it")
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(drop.fd, view) :]
+            except OSError as exc:
+                # What reached the file is unknown now: the drop cannot be finished.
+                self._remove_drop(drop)
+                raise Refused(describe_oserror(exc, drop.path) + ": removed the drop") from None
+            drop.sha.update(data)
+            drop.written += len(data)
+            total = drop.written
+        self.ok(rid, bytes=total)
+
+    def op_file_put_close(self, rid: int, req: dict[str, Any]) -> None:
+        nbytes = field_int(req, "bytes", required=True, lo=0)
+        digest = field_sha256(req, "sha256")
+        drop = self._drop(req)
+        with drop.lock:
+            if drop.gone:
+                raise Refused(f"no such drop: {drop.handle}")
+            if drop.fd is None:
+                raise Refused(f"drop {drop.handle} is already closed")
+            fd, drop.fd = drop.fd, None
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                self._remove_drop(drop)
+                raise Refused(describe_oserror(exc, drop.path) + ": removed the drop") from None
+            finally:
+                close_quietly(fd)
+            got = drop.sha.hexdigest()
+            if (got, drop.written) != (digest, nbytes):
+                self._remove_drop(drop)
+                raise Refused(f"digest mismatch: the guest wrote {drop.written} bytes with sha256 {got}; "
+                              f"the host sent {nbytes} bytes with sha256 {digest}")  # fmt: skip
+            drop.digest = got
+            written = drop.written
+        self.ok(rid, bytes=written, sha256=got)
+
+    def op_file_commit(self, rid: int, req: dict[str, Any]) -> None:
+        handles = field_handles(req)
+        with self.files_lock:
+            drops = [self.drops.get(h) for h in handles]
+        for handle, drop in zip(handles, drops, strict=True):
+            if drop is None or drop.gone:
+                raise Refused(f"no such drop: {handle}; nothing was committed")
+            if drop.digest is None:
+                raise Refused(f"drop {handle} is not closed and verified; nothing was committed")
+        chosen: list[tuple[Drop, str]] = []
+        try:
+            for drop in drops:
+                assert drop is not None
+                chosen.append((drop, self._link_final(drop)))
+        except (OSError, Refused) as exc:
+            for drop, final in chosen:  # a name os.link made is ours: take it back
+                with contextlib.suppress(OSError):
+                    os.unlink(final, dir_fd=drop.dfd)
+            why = describe_oserror(exc) if isinstance(exc, OSError) else str(exc)
+            raise Refused(f"commit failed, nothing was committed: {why}") from None
+        paths: list[str] = []
+        for drop, final in chosen:
+            with contextlib.suppress(OSError):
+                os.unlink(drop.temp, dir_fd=drop.dfd)
+            self._publish_mode(drop, final)
+            paths.append(os.path.join(drop.dir, final))
+            self._forget_drop(drop)
+        self.ok(rid, paths=paths)
+
+    @staticmethod
+    def _link_final(drop: Drop) -> str:
+        """Link the temp file under the first free final name: never over an existing file."""
+        for final in final_names(drop.name):
+            try:
+                os.link(drop.temp, final, src_dir_fd=drop.dfd, dst_dir_fd=drop.dfd, follow_symlinks=False)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, os.path.join(drop.dir, final)) from None
+            return final
+        raise Refused(f"no free name for {drop.name} in {drop.dir} (up to {DROP_NAME_TRIES}-{drop.name})")
+
+    @staticmethod
+    def _publish_mode(drop: Drop, final: str) -> None:
+        """chmod 0644 the committed file — through an fd of the very inode we wrote."""
+        with contextlib.suppress(OSError):
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+            fd = os.open(final, flags, dir_fd=drop.dfd)
+            try:
+                if os.fstat(fd).st_ino == drop.ino:
+                    os.fchmod(fd, 0o644)
+            finally:
+                os.close(fd)
+
+    def op_file_abort(self, rid: int, req: dict[str, Any]) -> None:
+        handles = field_handles(req)
+        with self.files_lock:
+            drops = [d for d in (self.drops.pop(h, None) for h in handles) if d is not None]
+        for drop in drops:
+            with drop.lock:
+                self._remove_drop(drop)
+        self.ok(rid, removed=len(drops))
+
+    # ---- files: reads (file_read, file_ack, file_read_cancel)
+
+    def op_file_read(self, rid: int, req: dict[str, Any]) -> None:
+        try:
+            path = field_path(req, "path")
+            if not path or not path.startswith("/"):
+                raise BadRequest("path must be an absolute path")
+            limit = field_int(req, "maxBytes", required=True, lo=0, hi=2**53)
+            window = field_int(req, "window", required=True, lo=1, hi=2**53)
+            assert limit is not None and window is not None
+            with self.files_lock:
+                state = self.reads.setdefault(rid, FileRead(window))
+            with state.cond:
+                state.window = window
+            self._file_read(rid, path, limit, state)
+        finally:
+            with self.files_lock:
+                self.reads.pop(rid, None)
+
+    def _file_read(self, rid: int, path: str, limit: int, state: FileRead) -> None:
+        try:
+            # O_NONBLOCK: opening a FIFO must not wait for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a socket cannot be opened at all
+                with contextlib.suppress(OSError):
+                    if stat.S_ISSOCK(os.stat(path).st_mode):
+                        raise Refused("not a regular file: socket") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise Refused(f"not a regular file: {file_kind(st.st_mode)}")
+            if st.st_size > limit:
+                raise Refused(f"file is {st.st_size} bytes, over the limit of {limit}")
+            size, digest = self._hash_file(fd, limit, state)
+            self.chan.send({"id": rid, "ev": "meta", "bytes": size, "sha256": digest,
+                            "name": os.path.basename(path), "mode": stat.S_IMODE(st.st_mode)})  # fmt: skip
+            sent, digest = self._send_file(rid, fd, size, state)
+        finally:
+            os.close(fd)
+        self.ok(rid, bytes=sent, sha256=digest)
+
+    @staticmethod
+    def _hash_file(fd: int, limit: int, state: FileRead) -> tuple[int, str]:
+        """The first pass: size and sha256 of what the file holds now (up to ``limit``)."""
+        sha = hashlib.sha256()
+        buf = bytearray(READ_BUF)
+        view = memoryview(buf)
+        size = 0
+        while True:
+            if state.cancelled:
+                raise Refused("cancelled")
+            n = os.readv(fd, [view])
+            if not n:
+                return size, sha.hexdigest()
+            size += n
+            if size > limit:  # grew since the fstat (or a /proc-like file with no size)
+                raise Refused(f"file is at least {size} bytes, over the limit of {limit}")
+            sha.update(view[:n])
+
+    def _send_file(self, rid: int, fd: int, size: int, state: FileRead) -> tuple[int, str]:
+        """The second pass: ``data`` events in order, never more than the window past the acks."""
+        sha = hashlib.sha256()
+        buf = bytearray(READ_CHUNK)
+        view = memoryview(buf)
+        os.lseek(fd, 0, os.SEEK_SET)
+        prefix = b'{"id":%d,"ev":"data","offset":' % rid
+        offset = 0
+        while offset < size:
+            with state.cond:
+                stalled = time.monotonic() + READ_STALL_S
+                while not state.cancelled and state.acked + state.window <= offset:
+                    acked = state.acked
+                    state.cond.wait(min(5.0, stalled - time.monotonic()))
+                    if state.acked != acked:
+                        stalled = time.monotonic() + READ_STALL_S
+                    elif time.monotonic() >= stalled:
+                        raise Refused(f"the host acknowledged nothing for {READ_STALL_S:.0f} s")
+                if state.cancelled:
+                    raise Refused("cancelled")
+                want = min(READ_CHUNK, size - offset, state.acked + state.window - offset)
+            n = os.readv(fd, [view[:want]])
+            if not n:
+                break  # shrank since the first pass: the reply's count says so
+            with state.cond:
+                state.sent = offset + n  # before the write: an ack may overtake our return from it
+            piece = view[:n]
+            sha.update(piece)
+            # Built by hand: base64 needs no JSON escaping, and json.dumps of a
+            # big string costs more than the encoding itself.
+            line = [prefix, b"%d" % offset, b',"data":"', binascii.b2a_base64(piece, newline=False), b'"}\n']
+            if not self.chan.send_parts(line):
+                raise Refused("the channel to the host failed")
+            offset += n
+        return offset, sha.hexdigest()
+
+    def op_file_ack(self, rid: int, req: dict[str, Any]) -> None:
+        read = field_int(req, "read", required=True)
+        offset = field_int(req, "offset", required=True, lo=0)
+        assert offset is not None
+        with self.files_lock:
+            state = self.reads.get(read)  # type: ignore[arg-type]
+        if state is None:
+            self.ok(rid, known=False)
+            return
+        with state.cond:
+            # never credit more than was sent: the window stays the window
+            state.acked = max(state.acked, min(offset, state.sent))
+            state.cond.notify_all()
+        self.ok(rid, known=True)
+
+    def op_file_read_cancel(self, rid: int, req: dict[str, Any]) -> None:
+        read = field_int(req, "read", required=True)
+        with self.files_lock:
+            state = self.reads.get(read)  # type: ignore[arg-type]
+        if state is not None:
+            with state.cond:
+                state.cancelled = True
+                state.cond.notify_all()
+        self.ok(rid)
 
     # ---- shutdown
 
@@ -1649,6 +2381,12 @@ class Agent:
     def finish(self, grace: float) -> None:
         """The host hung up: kill what runs, let in-flight requests answer, briefly."""
         self.terminate_children()
+        with self.files_lock:
+            reads = list(self.reads.values())
+        for state in reads:
+            with state.cond:
+                state.cancelled = True
+                state.cond.notify_all()
         deadline = time.monotonic() + grace
         with self.lock:
             workers = list(self.workers)

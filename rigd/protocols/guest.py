@@ -25,11 +25,18 @@ replies are plain :class:`Reply` bodies with checked shapes — ``screen``,
 ``clipboard_write`` — and one stream event, ``data``: the bytes of an image
 or a clipboard text too big to sit in the reply line, in order, by offset.
 A ``ready`` of protocol 2 lists the agent's ``features``.
+
+The lanes (files, rich clipboard, keymap) add, in both protocols, the file
+ops: a drop (``file_put_open``/``_data``/``_close``, ``file_commit``,
+``file_abort``) and a read (``file_read``, which streams one ``meta`` event
+and then ``data`` events under the host's credit, ``file_ack``,
+``file_read_cancel``). A ``file_read`` stream that breaks its rules (data
+before meta, a second meta, a gap, more bytes than meta announced) fails the
+request at once, like a malformed reply.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 from collections import OrderedDict
@@ -59,6 +66,12 @@ PROTO_DESKTOP: Final = 2  # a computer rig's agent: frames, pointer, modes, sele
 MAX_FEATURES: Final = 64  # a ready/hello lists at most this many features...
 MAX_FEATURE_LEN: Final = 64  # ...each at most this long
 MAX_LINE: Final = 1 << 20  # bytes per line, newline excluded, both directions
+MAX_FILE_READ_CHUNK: Final = 256 * 1024  # raw bytes per file_read data event
+MAX_TARGETS: Final = 64  # clipboard_read lists at most this many TARGETS...
+MAX_TARGET_LEN: Final = 128  # ...each at most this long
+MAX_FILE_NAME: Final = 1024  # characters of a file_read meta name (the guest's NAME_MAX is 255 bytes)
+MEDIA_TYPES: Final = ("text/plain", "text/uri-list", "image/png", "image/jpeg")
+_HEX: Final = frozenset("0123456789abcdef")
 _ABANDONED_MEMORY: Final = 4096  # how many abandoned request ids are remembered
 
 
@@ -229,6 +242,48 @@ def _is_modes(value: object) -> bool:
     )
 
 
+def _is_sha256(value: object) -> bool:
+    return type(value) is str and len(value) == 64 and _HEX.issuperset(value)
+
+
+def _is_abs_path(value: object) -> bool:
+    return type(value) is str and value.startswith("/") and "\0" not in value
+
+
+def _is_abs_paths(value: object) -> bool:
+    return isinstance(value, list) and all(_is_abs_path(v) for v in value)
+
+
+def _is_positive(value: object) -> bool:
+    return type(value) is int and value > 0
+
+
+def _is_media_type(value: object) -> bool:
+    return value in MEDIA_TYPES
+
+
+def _is_targets(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_TARGETS
+        and all(type(v) is str and 0 < len(v) <= MAX_TARGET_LEN for v in value)
+    )
+
+
+def _is_file_name(value: object) -> bool:
+    return (
+        type(value) is str
+        and 0 < len(value) <= MAX_FILE_NAME
+        and "/" not in value
+        and "\0" not in value
+        and value not in (".", "..")
+    )
+
+
+def _is_file_mode(value: object) -> bool:
+    return type(value) is int and 0 <= value <= 0o7777
+
+
 def _is_features(value: object) -> bool:
     return (
         isinstance(value, list)
@@ -305,6 +360,38 @@ _REPLY_SHAPES: Final[Mapping[str, Mapping[str, tuple[_Check, str]]]] = {
         "bytes": (_is_count, "a non-negative integer"),
         "pending": (_is_bool, "a boolean"),
     },
+    "keymap_bind": {
+        "bound": (_is_count, "a non-negative integer"),
+        "keysymsPerKeycode": (_is_positive, "a positive integer"),
+    },
+    # the file lanes (both protocols)
+    "file_put_open": {
+        "handle": (_is_int, "an integer"),
+        "dir": (_is_abs_path, "an absolute path"),
+    },
+    "file_put_data": {"bytes": (_is_count, "a non-negative integer")},
+    "file_put_close": {
+        "bytes": (_is_count, "a non-negative integer"),
+        "sha256": (_is_sha256, "64 lower-case hex digits"),
+    },
+    "file_commit": {"paths": (_is_abs_paths, "a list of absolute paths")},
+    "file_abort": {"removed": (_is_count, "a non-negative integer")},
+    "file_read": {
+        "bytes": (_is_count, "a non-negative integer"),
+        "sha256": (_is_sha256, "64 lower-case hex digits"),
+    },
+    "file_ack": {"known": (_is_bool, "a boolean")},
+    "file_read_cancel": {},
+}
+
+# Fields an ``ok: true`` reply may carry, checked when present (older agents lack them).
+_OPTIONAL_SHAPES: Final[Mapping[str, Mapping[str, tuple[_Check, str]]]] = {
+    "hello": {"features": (_is_features, "a list of names")},
+    "clipboard_read": {
+        "mediaType": (_is_media_type, "one of " + ", ".join(MEDIA_TYPES)),
+        "targets": (_is_targets, f"a list of at most {MAX_TARGETS} names"),
+    },
+    "clipboard_write": {"mediaType": (_is_media_type, "one of " + ", ".join(MEDIA_TYPES))},
 }
 
 #: Ops whose payload (``data`` for images, ``text`` for the clipboard) is either
@@ -316,7 +403,16 @@ _BULK: Final[Mapping[str, str]] = {"screen": "data", "screenshot": "data", "clip
 _STREAMS: Final[Mapping[str, frozenset[str]]] = {
     "exec": frozenset({"out"}),
     **{op: frozenset({"data"}) for op in _BULK},
+    "file_read": frozenset({"meta", "data"}),
 }
+
+
+@dataclass(slots=True)
+class _FileRead:
+    """What a file_read's stream has delivered: its meta said ``size`` bytes."""
+
+    size: int
+    received: int = 0
 
 
 def _require(obj: Mapping[str, Any], name: str, check: _Check, what: str) -> Any:
@@ -332,8 +428,9 @@ def _decode_b64(value: object, name: str) -> bytes:
     if not isinstance(value, str):
         raise _Malformed(f"{name} is not a base64 string")
     try:
-        return base64.b64decode(value.encode("ascii"), validate=True)
-    except (UnicodeEncodeError, binascii.Error, ValueError):
+        # strict: the standard alphabet, correct padding, nothing after it
+        return binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError):  # ValueError: a non-ASCII string
         raise _Malformed(f"{name} is not valid base64") from None
 
 
@@ -379,6 +476,8 @@ class GuestProtocol:
         self._discarding = False
         self._line_bytes = 0  # size of the line being dispatched, newline included
         self._bulk: dict[int, tuple[int, int]] = {}  # request id -> (bytes, chunks) of its data events
+        self._file_reads: dict[int, _FileRead] = {}  # file_read id -> its stream so far (after meta)
+        self._commits: dict[int, int] = {}  # file_commit id -> how many handles it names
 
     # ---- sending
 
@@ -386,29 +485,40 @@ class GuestProtocol:
         """Allocate an id and encode ``{"id", "op", **fields}`` as one line.
 
         ``bytes`` values are sent base64-encoded (``stdin=b"..."``,
-        ``data=b"..."``).  Raises :class:`~rigd.errors.FieldError` if the line
-        would exceed the agent's 1 MiB cap, naming the biggest field.
+        ``data=b"..."``), after the other fields.  Raises
+        :class:`~rigd.errors.FieldError` if the line would exceed the agent's
+        1 MiB cap, naming the biggest field.
         """
         if not op or not isinstance(op, str):
             raise ValueError("op must be a non-empty string")
         if "id" in fields or "op" in fields:
             raise ValueError("id and op are chosen by the protocol")
-        payload = {
-            k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes | bytearray) else v
-            for k, v in fields.items()
-        }
+        binary = {k: v for k, v in fields.items() if isinstance(v, bytes | bytearray | memoryview)}
+        plain = {k: v for k, v in fields.items() if k not in binary}
+        if op == "file_put_data":
+            # The agent reads this spelling without json.loads (docs/guest-protocol.md, lanes).
+            plain = {**{k: plain[k] for k in ("handle", "offset") if k in plain}, **plain}
         rid = self._next_id
-        line = json.dumps({"id": rid, "op": op, **payload}, separators=(",", ":"), allow_nan=False).encode(
-            "utf-8"
-        )
+        head = json.dumps({"id": rid, "op": op, **plain}, separators=(",", ":"), allow_nan=False)
+        # Base64 needs no JSON escaping: splice it in rather than have json.dumps
+        # scan a big string (file_put_data's half-mebibyte parts).
+        parts = [head[:-1].encode("utf-8")]
+        for k, v in binary.items():
+            parts += [b",", json.dumps(k).encode("utf-8"), b':"', binascii.b2a_base64(v, newline=False), b'"']
+        parts.append(b"}")
+        line = b"".join(parts)
         if len(line) > MAX_LINE:
-            biggest = max(payload, key=lambda k: len(json.dumps(payload[k])))
+            sizes = {k: len(json.dumps(v)) for k, v in plain.items()}
+            sizes.update((k, 4 * len(memoryview(v)) // 3) for k, v in binary.items())
+            biggest = max(sizes, key=sizes.__getitem__)
             raise FieldError(
                 biggest,
                 f"the {op} request encodes to {len(line)} bytes, over the guest's {MAX_LINE}-byte line limit",
             )
         self._next_id += 1
         self.pending[rid] = op
+        if op == "file_commit" and isinstance(fields.get("handles"), list | tuple):
+            self._commits[rid] = len(fields["handles"])
         return rid, line + b"\n"
 
     def abandon(self, request_id: int) -> None:
@@ -418,7 +528,7 @@ class GuestProtocol:
         ``late_messages`` instead of being reported as garbage.
         """
         op = self.pending.pop(request_id, None)
-        self._bulk.pop(request_id, None)
+        self._forget(request_id)
         if op is not None:
             self._abandoned[request_id] = op
             while len(self._abandoned) > _ABANDONED_MEMORY:
@@ -553,6 +663,18 @@ class GuestProtocol:
             return None
         raise _Malformed(f"{what} for unknown request {rid}")
 
+    def _forget(self, rid: int) -> None:
+        """Drop what was kept about request ``rid``'s stream and fields."""
+        self._bulk.pop(rid, None)
+        self._file_reads.pop(rid, None)
+        self._commits.pop(rid, None)
+
+    def _fail(self, rid: int, reason: str, events: list[Event]) -> None:
+        """A malformed answer to ``rid``: a Garbage, and the request fails now."""
+        self.abandon(rid)  # whatever else it sends is late, not garbage
+        self._garbage(self._line_bytes, reason, events)
+        events.append(Reply(rid, False, {}, f"guest sent a {reason}"))
+
     def _reply(self, rid: int, obj: dict[str, Any], events: list[Event]) -> None:
         ok = _require(obj, "ok", _is_bool, "a boolean")
         error = None if ok else _clean_text(_require(obj, "error", _is_str, "a string"))
@@ -565,21 +687,30 @@ class GuestProtocol:
             try:
                 for name, (check, what) in _REPLY_SHAPES.get(op, {}).items():
                     _require(body, name, check, what)
+                for name, (check, what) in _OPTIONAL_SHAPES.get(op, {}).items():
+                    if name in body:
+                        _require(body, name, check, what)
                 if op == "pty_open" and body["pty"] in self.ptys:
                     raise _Malformed(f"pty {body['pty']} is already open")
                 if op == "hello":
-                    if "features" in body:
-                        _require(body, "features", _is_features, "a list of names")
                     pid = body.get("pid")
                     if _is_int(pid) and self.agent_pid is None:
                         self.agent_pid = pid
-                if op in _BULK:
+                if op == "clipboard_read":
+                    self._check_clipboard(rid, body)
+                elif op in _BULK:
                     self._check_bulk(rid, _BULK[op], body)
+                elif op == "file_read":
+                    self._check_file_read_reply(rid, body)
+                elif op == "file_commit":
+                    want = self._commits.get(rid)
+                    if want is not None and len(body["paths"]) != want:
+                        raise _Malformed(f"{len(body['paths'])} paths for {want} handles")
             except _Malformed as exc:
                 # The request is final either way: fail it now rather than let
                 # its owner wait for a reply that will never come.
                 del self.pending[rid]
-                self._bulk.pop(rid, None)
+                self._forget(rid)
                 reason = f"malformed {op} reply: {exc}"
                 self._garbage(self._line_bytes, reason, events)
                 events.append(Reply(rid, False, {}, f"guest sent a {reason}"))
@@ -587,13 +718,16 @@ class GuestProtocol:
             if op == "pty_open":
                 self.ptys.add(body["pty"])
         del self.pending[rid]
-        self._bulk.pop(rid, None)
+        self._forget(rid)
         events.append(Reply(rid, ok, body, error))
 
     def _stream(self, rid: int, obj: dict[str, Any], events: list[Event]) -> None:
         name = _require(obj, "ev", _is_str, "a string")
         op = self._known(rid, f"{name!r} event")
         if op is None:
+            return
+        if op == "file_read":
+            self._file_read_stream(rid, name, obj, events)
             return
         if name not in _STREAMS.get(op, frozenset()):
             raise _Malformed(f"{op} does not stream {_clean_text(name)[:64]!r}")
@@ -613,6 +747,62 @@ class GuestProtocol:
                 raise _Malformed(f"data at offset {offset}, expected {have}")
             self._bulk[rid] = (have + len(data), chunks + 1)
         events.append(Stream(rid, name, body, data))
+
+    def _file_read_stream(self, rid: int, name: str, obj: dict[str, Any], events: list[Event]) -> None:
+        """``meta`` once and first, then ``data`` in order up to meta's size; else the read fails."""
+        try:
+            events.append(self._file_read_event(rid, name, obj))
+        except _Malformed as exc:
+            self._fail(rid, f"malformed file_read stream: {exc}", events)
+
+    def _file_read_event(self, rid: int, name: str, obj: dict[str, Any]) -> Stream:
+        state = self._file_reads.get(rid)
+        if name == "meta":
+            if state is not None:
+                raise _Malformed("a second meta")
+            size = _require(obj, "bytes", _is_count, "a non-negative integer")
+            digest = _require(obj, "sha256", _is_sha256, "64 lower-case hex digits")
+            fname = _require(obj, "name", _is_file_name, "a file name")
+            mode = _require(obj, "mode", _is_file_mode, "permission bits (0 to 0o7777)")
+            self._file_reads[rid] = _FileRead(size)
+            meta = {"bytes": size, "sha256": digest, "name": _clean_text(fname), "mode": mode}
+            return Stream(rid, "meta", meta)
+        if name != "data":
+            raise _Malformed(f"file_read does not stream {_clean_text(name)[:64]!r}")
+        if state is None:
+            raise _Malformed("data before meta")
+        offset = _require(obj, "offset", _is_count, "a non-negative integer")
+        if "data" not in obj:
+            raise _Malformed("missing data")
+        if type(obj["data"]) is str and len(obj["data"]) > 4 * MAX_FILE_READ_CHUNK // 3 + 4:
+            raise _Malformed(f"a data event over {MAX_FILE_READ_CHUNK} bytes")
+        data = _decode_b64(obj["data"], "data")
+        if offset != state.received:
+            raise _Malformed(f"data at offset {offset}, expected {state.received}")
+        if not data:
+            raise _Malformed("an empty data event")
+        if len(data) > MAX_FILE_READ_CHUNK:
+            raise _Malformed(f"a data event over {MAX_FILE_READ_CHUNK} bytes")
+        if state.received + len(data) > state.size:
+            raise _Malformed(f"data past the {state.size} bytes meta announced")
+        state.received += len(data)
+        return Stream(rid, "data", {"offset": offset}, data)
+
+    def _check_file_read_reply(self, rid: int, body: Mapping[str, Any]) -> None:
+        """The final count is what the data events delivered (the digest is the caller's to compare)."""
+        state = self._file_reads.get(rid)
+        if state is None:
+            raise _Malformed("a reply without meta")
+        if body["bytes"] != state.received:
+            raise _Malformed(f"bytes says {body['bytes']}, {state.received} bytes of data came")
+
+    def _check_clipboard(self, rid: int, body: Mapping[str, Any]) -> None:
+        """Text (and URI lists) come as ``text``, images as ``data``; either may be ``chunks``."""
+        media = body.get("mediaType", "text/plain")
+        field_name, other = ("data", "text") if media.startswith("image/") else ("text", "data")
+        if other in body:
+            raise _Malformed(f"{other} in a {media} reply")
+        self._check_bulk(rid, field_name, body)
 
     def _check_bulk(self, rid: int, field_name: str, body: Mapping[str, Any]) -> None:
         """A payload is inline (``field_name``) xor streamed (``chunks``, matching what came)."""

@@ -189,10 +189,11 @@ class Body:
             self.done = True
         return chunk
 
-    async def drain(self) -> None:
-        """Read (and drop) what is left, so a refusal can be answered."""
-        with trio.move_on_after(5):
-            while not self.done:
+    async def drain(self, limit: int = 4 * 1024 * 1024) -> None:
+        """Read (and drop) a little of what is left, so a refusal can be answered."""
+        with trio.move_on_after(2):
+            start = self.bytes
+            while not self.done and self.bytes - start < limit:
                 await self.next()
 
 
@@ -221,7 +222,8 @@ async def serve_lane(ctx: ServerContext, lane: str, rig_id: str, scope: Scope, r
     except Gone:
         log.info("a lane client went away", extra={"rig": rig_id, "lane": lane})
     except RigdError as exc:
-        if not body.done and method == "POST":
+        if not body.done and method == "POST" and not isinstance(exc, TooLarge):
+            # A client still sending may miss an early answer; give it a moment to finish.
             try:
                 await body.drain()
             except Gone:

@@ -10,6 +10,7 @@ typed commands wrote, exit codes of the clicked program, selections.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -152,10 +153,22 @@ def test_unicode_reaches_the_terminal_intact(desk: tuple[Server, str]) -> None:
     srv, rig = desk
     act(srv, rig, action="type", text="cat > ~/uni.txt\n")
     typed = act(srv, rig, action="type", text="héllo wörld 世界")
-    assert typed["dropped"] == 0 and typed["via"] == "clipboard"
+    assert typed["dropped"] == 0 and typed["via"] == "keys+keymap"
     act(srv, rig, action="key", text="Return ctrl+d")
     got = wait_for(srv, rig, "test -s /home/rig/uni.txt && cat /home/rig/uni.txt")
     assert got == "héllo wörld 世界\n"
+
+
+def test_typing_never_touches_the_clipboard_and_newline_is_enter(desk: tuple[Server, str]) -> None:
+    """A `\n` inside typed text is Return (the command runs); what was copied stays copied."""
+    srv, rig = desk
+    act(srv, rig, action="clipboard_write", text="copied by a person")
+    sh(srv, rig, "rm -f /home/rig/t.txt")
+    active_window(srv, rig, "^Terminal")
+    typed = act(srv, rig, action="type", text="echo héllo wörld > ~/t.txt\n")
+    assert typed["via"] == "keys+keymap"
+    assert wait_for(srv, rig, "test -s /home/rig/t.txt && cat /home/rig/t.txt") == "héllo wörld\n"
+    assert act(srv, rig, action="clipboard_read")["content"]["text"] == "copied by a person"
 
 
 def test_a_click_activates_a_known_widget(desk: tuple[Server, str]) -> None:
@@ -411,6 +424,88 @@ def test_audit_masks_typed_text(desk: tuple[Server, str]) -> None:
     typed = [r for r in log if r["verb"] == "type"]
     assert typed and all(set(r["args"]["text"]) == {"len", "sha256"} for r in typed)
     assert "rig-$((6*7))" not in json.dumps(log)
+
+
+def test_a_drop_lands_in_drops_with_its_uris_on_the_clipboard(desk: tuple[Server, str],
+                                                               tmp_path: Path) -> None:
+    from rigd.lane_client import LaneClient, LaneError
+
+    srv, rig = desk
+    sh(srv, rig, "mkdir -p /home/rig/Drops && printf old > /home/rig/Drops/notes.txt")
+    big = tmp_path / "big.bin"
+    with big.open("wb") as fh:
+        for _ in range(200):
+            fh.write(os.urandom(1 << 20))
+    resume = tmp_path / "résumé 2.pdf"
+    resume.write_bytes(b"%PDF-1.4 " + os.urandom(4096))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("new\n")
+    lanes = LaneClient(srv.url, srv.token, timeout=900)
+    answer = lanes.upload(rig, [big, resume, notes], point=(640, 400))
+    assert answer["told"] == "clipboard" and answer["dir"] == "/home/rig/Drops"
+    paths = [x["path"] for x in answer["saved"]]
+    assert paths == ["/home/rig/Drops/big.bin", "/home/rig/Drops/résumé 2.pdf", "/home/rig/Drops/2-notes.txt"]
+    sums = sh(srv, rig, "cd /home/rig/Drops && sha256sum big.bin 'résumé 2.pdf' 2-notes.txt; "
+                        "stat -c %U big.bin; cat notes.txt", timeout_s=300)
+    for f, path in zip([big, resume, notes], paths, strict=True):
+        assert f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {path.rsplit('/', 1)[1]}" in sums
+    assert sums.endswith("rig\nold")
+    # The files' URIs are the desktop's clipboard (an X client in the guest reads them).
+    uris = sh(srv, rig, f"{SESSION} xclip -o -selection clipboard -t text/uri-list")
+    assert uris.split() == ["file:///home/rig/Drops/big.bin", "file:///home/rig/Drops/r%C3%A9sum%C3%A9%202.pdf",
+                            "file:///home/rig/Drops/2-notes.txt"]
+    out = lanes.download(rig, "/home/rig/Drops/résumé 2.pdf", tmp_path / "back.pdf")
+    assert out["sha256"] == hashlib.sha256(resume.read_bytes()).hexdigest()
+    # A view URL cannot drop; a 600 MB drop is refused before a byte reaches the guest.
+    view = srv.call("rig.viewUrl", {"rigId": rig})["path"].split("?", 1)[1]
+    with pytest.raises(LaneError, match="HTTP 401"):
+        LaneClient(srv.url, "not-a-token").upload(rig, [notes])
+    import http.client
+    import urllib.parse
+
+    conn = http.client.HTTPConnection(urllib.parse.urlsplit(srv.url).netloc, timeout=60)
+    conn.request("POST", f"/rig/files/{rig}?{view}", body=b"", headers={
+        "Content-Type": "multipart/form-data; boundary=x"})
+    assert conn.getresponse().status == 401
+    conn.close()
+    conn = http.client.HTTPConnection(urllib.parse.urlsplit(srv.url).netloc, timeout=60)
+    conn.request("POST", f"/rig/files/{rig}", body=b"", headers={
+        "Authorization": f"Bearer {srv.token}", "Content-Type": "multipart/form-data; boundary=x",
+        "Content-Length": str(600 << 20)})
+    assert conn.getresponse().status == 413
+    conn.close()
+    assert sh(srv, rig, "ls -A /home/rig/Drops | grep -c rigd-drop || true").strip() == "0"
+    rows = srv.call("rig.log", {"rigId": rig})
+    drop = next(r for r in rows if r["verb"] == "drop_files" and r["outcome"] == "ok")
+    assert drop["args"]["told"] == "clipboard" and drop["args"]["x"] == 640
+
+
+def test_clipboard_lane_images_in_and_copy_out_asks_first(desk: tuple[Server, str]) -> None:
+    from rigd.lane_client import LaneClient, LaneError
+
+    srv, rig = desk
+    lanes = LaneClient(srv.url, srv.token, timeout=120)
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 60)).save(buf, "PNG")
+    assert lanes.clip_set(rig, buf.getvalue(), "image/png")["type"] == "image/png"
+    # An X client in the guest reads it as an image.
+    probe = sh(srv, rig, f"{SESSION} xclip -o -selection clipboard -t image/png | python3 -c "
+                         "\"import sys,io; from PIL import Image; i=Image.open(io.BytesIO(sys.stdin.buffer.read())); "
+                         "print(i.format, i.size, i.getpixel((3,3)))\"")
+    assert probe.strip() == "PNG (64, 48) (200, 30, 60)"
+    # rig → host asks first, then works after a grant; the log has the shape only.
+    srv.call("clipboard.policy.set", {"rigToHost": "ask"})
+    with pytest.raises(LaneError, match=r"HTTP 403.*clipboard"):
+        lanes.clip_get(rig)
+    srv.call("clipboard.grant", {"rigId": rig})
+    media, data = lanes.clip_get(rig)
+    assert media == "image/png" and data == buf.getvalue()
+    assert lanes.clip_set(rig, "pässwörd 42".encode(), "text/plain; charset=utf-8")["selections"] == [
+        "clipboard", "primary"]
+    assert sh(srv, rig, f"{SESSION} xclip -o -selection primary") == "pässwörd 42"
+    assert lanes.clip_get(rig) == ("text/plain; charset=utf-8", "pässwörd 42".encode())
+    rows = json.dumps(srv.call("rig.log", {"rigId": rig}))
+    assert "pässwörd" not in rows and '"clipboard_write"' in rows and '"clipboard_read"' in rows
 
 
 def test_a_second_desktop_starts_warm_and_is_its_own_machine(desk: tuple[Server, str]) -> None:

@@ -170,7 +170,7 @@ def agent() -> Iterator[AgentHarness]:
     harness = AgentHarness.stdio()
     try:
         ready = harness.wait_for(lambda e: isinstance(e, Ready))
-        assert ready == Ready(1, "rigd-agent/1", harness.proc.pid)
+        assert ready == Ready(1, "rigd-agent/1", harness.proc.pid, ("files",))
         yield harness
     finally:
         harness.close()

@@ -38,7 +38,8 @@ from rigd.protocols.guest import Ready, Reply
 from tests.unit.test_agent import AGENT, AgentHarness
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-ALL_FEATURES = ["screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env"]
+ALL_FEATURES = ["screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env",
+                "clipboard_image", "clipboard_files", "keymap", "files"]  # fmt: skip
 TEXT = "héllo wörld 世界"
 
 
@@ -210,6 +211,47 @@ def test_read_session_env(tmp_path: Path) -> None:
     assert agent_mod.read_session_env("", {"DISPLAY": ":3"}) == {"DISPLAY": ":3"}
 
 
+# The rich clipboard's choice of target: images, then a URI list, then text,
+# among the kinds the host accepts; today's text order is kept.
+FIREFOX_IMAGE = ["TIMESTAMP", "TARGETS", "MULTIPLE", "image/png", "image/jpeg", "image/bmp", "text/html"]
+NAUTILUS_COPY = ["TARGETS", "MULTIPLE", "x-special/gnome-copied-files", "UTF8_STRING", "text/uri-list", "STRING"]
+
+
+@pytest.mark.parametrize(
+    ("offered", "accept", "expected"),
+    [
+        (FIREFOX_IMAGE, ("text",), []),  # today's behaviour: text only, and there is none
+        (FIREFOX_IMAGE, ("image",), ["image/png", "image/jpeg"]),
+        (FIREFOX_IMAGE, ("text", "image"), ["image/png", "image/jpeg"]),
+        (["TARGETS", "image/jpeg", "UTF8_STRING"], ("text", "image"), ["image/jpeg", "UTF8_STRING"]),
+        (["TARGETS", "image/jpeg", "UTF8_STRING"], ("text",), ["UTF8_STRING"]),
+        (NAUTILUS_COPY, ("text",), ["UTF8_STRING", "STRING", "text/uri-list"]),  # as before the lanes
+        (NAUTILUS_COPY, ("uris",), ["text/uri-list"]),
+        (NAUTILUS_COPY, ("text", "uris"), ["text/uri-list", "UTF8_STRING", "STRING"]),
+        (NAUTILUS_COPY, ("uris", "image", "text"), ["text/uri-list", "UTF8_STRING", "STRING"]),
+        (["STRING", "TEXT", "text/plain", "text/plain;charset=utf-8"], ("text",),
+         ["text/plain;charset=utf-8", "STRING", "TEXT", "text/plain"]),
+        ([], ("text", "image"), []),
+        # the owner did not answer TARGETS: the likely ones, best first
+        (None, ("text",), ["UTF8_STRING", "text/plain;charset=utf-8", "STRING"]),
+        (None, ("image", "uris", "text"), ["image/png", "image/jpeg", "text/uri-list", "UTF8_STRING",
+                                           "text/plain;charset=utf-8", "STRING"]),
+    ],
+)  # fmt: skip
+def test_pick_targets(offered: list[str] | None, accept: tuple[str, ...], expected: list[str]) -> None:
+    assert agent_mod.pick_targets(offered, accept) == expected
+
+
+def test_media_types_and_reported_targets() -> None:
+    assert [agent_mod.media_type(t) for t in ("image/png", "image/jpeg", "text/uri-list", "UTF8_STRING", None)] == [
+        "image/png", "image/jpeg", "text/uri-list", "text/plain", "text/plain",
+    ]  # fmt: skip
+    names = ["TARGETS", "", "x" * 129, "x" * 128] + [f"t{i}" for i in range(100)]
+    reported = agent_mod.report_targets(names)
+    assert reported[:2] == ["TARGETS", "x" * 128] and len(reported) == 64
+    assert agent_mod.report_targets(None) == []
+
+
 # --------------------------------------------------------------------------
 # a terminal agent: protocol 1, no display
 
@@ -219,7 +261,7 @@ def terminal() -> Iterator[AgentHarness]:
     harness = AgentHarness.stdio()
     try:
         ready = harness.wait_for(lambda e: isinstance(e, Ready))
-        assert ready == Ready(1, "rigd-agent/1", harness.proc.pid, ())
+        assert ready == Ready(1, "rigd-agent/1", harness.proc.pid, ("files",))
         yield harness
     finally:
         harness.close()
@@ -230,7 +272,8 @@ def terminal() -> Iterator[AgentHarness]:
 def test_terminal_agent_stays_protocol_1(terminal: AgentHarness) -> None:
     body = terminal.call("hello").body
     assert body["proto"] == 1 and body["agent"] == "rigd-agent/1"
-    assert "features" not in body and "displayReady" not in body
+    assert body["features"] == ["files"]  # protocol 1 says what it can do too (the lanes)
+    assert "display" not in body and "displayReady" not in body
 
 
 @pytest.mark.timeout(20)
@@ -244,6 +287,10 @@ def test_terminal_agent_stays_protocol_1(terminal: AgentHarness) -> None:
         ("set_display", {"width": 1920, "height": 1080}),
         ("clipboard_read", {"selection": "primary"}),
         ("clipboard_write", {"text": "x"}),
+        ("clipboard_read", {"accept": ["image", "uris", "text"]}),
+        ("clipboard_write", {"data": "iVBORw==", "mediaType": "image/png"}),
+        ("clipboard_write", {"text": "file:///a\r\n", "mediaType": "text/uri-list", "continues": True}),
+        ("keymap_bind", {"bind": [[200, 0x20AC], [8, 0], [255, 0x1FFFFFF]]}),
     ],
 )
 def test_terminal_agent_answers_desktop_ops_with_no_display(
@@ -272,8 +319,29 @@ def test_terminal_agent_answers_desktop_ops_with_no_display(
         ("clipboard_write", {"text": 5}, "text is required and must be a string"),
         ("clipboard_write", {"text": "x", "selection": "xdnd"}, "selection must be one of clipboard, primary"),
         ("clipboard_write", {"text": "x", "continues": "yes"}, "continues must be a boolean"),
+        ("clipboard_read", {"accept": []}, "accept must be a non-empty list of text, image, uris"),
+        ("clipboard_read", {"accept": "image"}, "accept must be a non-empty list of text, image, uris"),
+        ("clipboard_read", {"accept": ["files"]}, "accept must be a non-empty list of text, image, uris"),
+        ("clipboard_write", {"text": "x", "mediaType": "image/gif"},
+         "mediaType must be one of text/plain, text/uri-list, image/png, image/jpeg"),
+        ("clipboard_write", {"text": "x", "mediaType": "image/png"}, "text is not for image/png: send data"),
+        ("clipboard_write", {"mediaType": "image/jpeg"}, "data is required and must be a base64 string"),
+        ("clipboard_write", {"data": "!!", "mediaType": "image/png"}, "data is not valid base64"),
+        ("clipboard_write", {"data": "A" * 700_000, "mediaType": "image/png"}, "data is over 524288 bytes in one part"),
+        ("clipboard_write", {"data": "AAAA"}, "data is not for text/plain: send text"),
+        ("clipboard_write", {"mediaType": "text/uri-list"}, "text is required and must be a string"),
+        ("keymap_bind", {}, "bind must be a list of 1 to 32 [keycode, keysym] pairs"),
+        ("keymap_bind", {"bind": []}, "bind must be a list of 1 to 32 [keycode, keysym] pairs"),
+        ("keymap_bind", {"bind": [[200, 65]] * 33}, "bind must be a list of 1 to 32 [keycode, keysym] pairs"),
+        ("keymap_bind", {"bind": [[200]]}, "bind[0] must be a [keycode, keysym] pair of integers"),
+        ("keymap_bind", {"bind": [[200, 65], [200, "a"]]}, "bind[1] must be a [keycode, keysym] pair of integers"),
+        ("keymap_bind", {"bind": [[200, True]]}, "bind[0] must be a [keycode, keysym] pair of integers"),
+        ("keymap_bind", {"bind": [[7, 65]]}, "bind[0]: keycode must be between 8 and 255"),
+        ("keymap_bind", {"bind": [[256, 65]]}, "bind[0]: keycode must be between 8 and 255"),
+        ("keymap_bind", {"bind": [[200, -1]]}, "bind[0]: keysym must be between 0 and 0x1ffffff"),
+        ("keymap_bind", {"bind": [[200, 0x2000000]]}, "bind[0]: keysym must be between 0 and 0x1ffffff"),
     ],
-)
+)  # fmt: skip
 def test_desktop_op_fields_are_validated(
     terminal: AgentHarness, op: str, fields: dict[str, Any], error: str
 ) -> None:
@@ -503,7 +571,7 @@ def test_clipboard_round_trips(desktop: AgentHarness) -> None:
     for selection in ("clipboard", "primary"):
         reply = call_ok(desktop, "clipboard_write", text=f"{TEXT} ({selection})", selection=selection)
         assert reply.body == {"selection": selection, "bytes": len(f"{TEXT} ({selection})".encode()),
-                              "pending": False}  # fmt: skip
+                              "pending": False, "mediaType": "text/plain"}  # fmt: skip
     for selection in ("clipboard", "primary"):
         body = call_ok(desktop, "clipboard_read", selection=selection).body
         assert body["text"] == f"{TEXT} ({selection})" and body["owner"] is True
@@ -513,7 +581,7 @@ def test_clipboard_round_trips(desktop: AgentHarness) -> None:
     # no drag in progress: nobody owns XdndSelection, and that is a normal, empty answer
     body = call_ok(desktop, "clipboard_read", selection="xdnd").body
     assert body == {"selection": "xdnd", "owner": False, "target": None, "bytes": 0, "truncated": False,
-                    "text": ""}  # fmt: skip
+                    "text": "", "mediaType": "text/plain", "targets": []}  # fmt: skip
     # an empty text is a text
     call_ok(desktop, "clipboard_write", text="")
     assert call_ok(desktop, "clipboard_read").body["text"] == ""
@@ -533,7 +601,8 @@ def test_a_mebibyte_of_clipboard_in_parts_and_back_in_chunks(desktop: AgentHarne
     assert len(data) == 1 << 20
     half = len(text) // 2
     first = call_ok(desktop, "clipboard_write", text=text[:half], continues=True).body
-    assert first == {"selection": "clipboard", "bytes": len(text[:half].encode()), "pending": True}
+    assert first == {"selection": "clipboard", "bytes": len(text[:half].encode()), "pending": True,
+                     "mediaType": "text/plain"}  # fmt: skip
     assert call_ok(desktop, "clipboard_write", text=text[half:]).body["bytes"] == 1 << 20
     reply = call_ok(desktop, "clipboard_read")
     body = reply.body
@@ -681,3 +750,102 @@ def test_clipboard_read_follows_incr(
         owner.wait()
         if owner.stdout is not None:
             owner.stdout.close()
+
+
+# --------------------------------------------------------------------------
+# the lanes on a desktop agent: images and URI lists on the clipboard, keymap_bind
+
+
+def png_bytes(width: int, height: int, noise: bool = False) -> bytes:
+    if noise:
+        image = Image.frombytes("RGB", (width, height), os.urandom(width * height * 3))
+    else:
+        image = Image.new("RGB", (width, height), (10, 200, 30))
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+@needs_x
+@pytest.mark.timeout(90)
+def test_clipboard_image_round_trip(desktop: AgentHarness) -> None:
+    png = png_bytes(40, 30)
+    body = call_ok(desktop, "clipboard_write", data=png, mediaType="image/png").body
+    assert body == {"selection": "clipboard", "bytes": len(png), "pending": False, "mediaType": "image/png"}
+    reply = call_ok(desktop, "clipboard_read", accept=["text", "image"])
+    body = reply.body
+    assert body["mediaType"] == "image/png" and body["target"] == "image/png" and body["owner"] is True
+    assert "image/png" in body["targets"] and "text" not in body
+    assert base64.b64decode(body["data"]) == png and body["bytes"] == len(png)
+    # a host that accepts only text (today's clipboard_read) sees no text, and what is offered
+    body = call_ok(desktop, "clipboard_read").body
+    assert (body["target"], body["text"], body["mediaType"], body["bytes"]) == (None, "", "text/plain", 0)
+    assert "image/png" in body["targets"]
+    # other X clients get the image too
+    out = desktop.exec(["xclip", "-o", "-selection", "clipboard", "-t", "image/png"], timeout=20)
+    assert out.stdout == png
+
+
+@needs_x
+@pytest.mark.timeout(120)
+def test_a_big_clipboard_image_in_parts_and_back_in_chunks(desktop: AgentHarness) -> None:
+    jpeg_like = png_bytes(500, 500, noise=True)  # ~750 KB: two parts, streamed back
+    assert len(jpeg_like) > 512 * 1024
+    half = 512 * 1024
+    first = call_ok(desktop, "clipboard_write", data=jpeg_like[:half], mediaType="image/jpeg", continues=True)
+    assert first.body == {"selection": "clipboard", "bytes": half, "pending": True, "mediaType": "image/jpeg"}
+    # another media type cannot continue those parts
+    reply = desktop.call("clipboard_write", text="x", continues=True)
+    assert not reply.ok and reply.error == (
+        "bad request: mediaType text/plain does not continue the held image/jpeg parts: dropped"
+    )
+    call_ok(desktop, "clipboard_write", data=jpeg_like[:half], mediaType="image/jpeg", continues=True)
+    call_ok(desktop, "clipboard_write", data=jpeg_like[half:], mediaType="image/jpeg")
+    reply = call_ok(desktop, "clipboard_read", accept=["image"])
+    body = reply.body
+    assert body["mediaType"] == "image/jpeg" and "data" not in body and body["bytes"] == len(jpeg_like)
+    streams = desktop.streams(reply.id)
+    assert len(streams) == body["chunks"] and b"".join(s.data for s in streams) == jpeg_like
+
+
+@needs_x
+@pytest.mark.timeout(90)
+def test_clipboard_uri_list_round_trip(desktop: AgentHarness) -> None:
+    uris = "file:///root/drops/a.txt\r\nfile:///root/drops/2-a%20b.txt\r\n"
+    body = call_ok(desktop, "clipboard_write", text=uris, mediaType="text/uri-list", selection="primary").body
+    assert body["mediaType"] == "text/uri-list" and body["bytes"] == len(uris)
+    body = call_ok(desktop, "clipboard_read", selection="primary", accept=["uris", "text"]).body
+    assert (body["mediaType"], body["target"], body["text"]) == ("text/uri-list", "text/uri-list", uris)
+    # asked for images only: nothing of that kind is offered
+    body = call_ok(desktop, "clipboard_read", selection="primary", accept=["image"]).body
+    assert (body["target"], body["text"], body["mediaType"]) == (None, "", "text/plain")
+    assert body["targets"] == ["TARGETS", "text/uri-list"]
+
+
+KEYMAP_OF = (
+    "import sys, Xlib.display\n"
+    "d = Xlib.display.Display()\n"
+    "for kc in map(int, sys.argv[1:]):\n"
+    "    print(kc, *d.get_keyboard_mapping(kc, 1)[0])\n"
+)
+
+
+@needs_x
+@pytest.mark.timeout(60)
+def test_keymap_bind_sets_every_column(desktop: AgentHarness) -> None:
+    body = call_ok(desktop, "keymap_bind", bind=[[200, 0x20AC], [201, 0x1000416], [202, 0]]).body
+    per = body["keysymsPerKeycode"]
+    assert body["bound"] == 3 and per >= 2
+    # what any other client of the X server sees now
+    out = desktop.exec([SYSTEM_PYTHON, "-c", KEYMAP_OF, "200", "201", "202"], timeout=20)
+    assert out.body["exitCode"] == 0, out.stderr
+    rows = {int(kc): [int(k) for k in ks] for kc, *ks in (ln.split() for ln in out.stdout.decode().splitlines())}
+    # Unshifted and shifted alike (the first two columns, group 1). The server's
+    # XKB keeps the columns it maps to groups and levels and may zero the rest.
+    assert rows[200][:2] == [0x20AC, 0x20AC] and set(rows[200]) <= {0x20AC, 0}
+    assert rows[201][:2] == [0x1000416, 0x1000416] and set(rows[201]) <= {0x1000416, 0}
+    assert set(rows[202]) == {0}
+    # binding again rebinds
+    call_ok(desktop, "keymap_bind", bind=[[200, 0x61]])
+    out = desktop.exec([SYSTEM_PYTHON, "-c", KEYMAP_OF, "200"], timeout=20)
+    assert [int(k) for k in out.stdout.decode().split()[1:3]] == [0x61, 0x61]
