@@ -31,9 +31,11 @@ targets live here, never in timed tests):
     default 12 ms between keys) of the same text run in the guest through
     ``rig.act terminal_use exec``; both are one ``rig.act`` call, timed from
     request to answer, and what arrived in each file is checked. Ratio rigd /
-    xdotool (below 1: rigd is faster); issue 10 names no target. Skipped
-    with ``--no-desktop``, or, saying why, when there is no desktop image or
-    the verb fails.
+    xdotool (below 1: rigd is faster); issue 10 names no target. The file
+    is read once it holds the text or stops changing; then ctrl+d ends cat
+    (a window that stays is closed by id and said so). Skipped with
+    ``--no-desktop``, or, saying why, when there is no desktop image or the
+    verb fails; ``--no-files`` runs (3) alone.
 
 One server (``RIGD_WARM_STARTS=0``, so no snapshot build runs beside a
 measurement) serves both rigs, one after the other. Every process started
@@ -514,8 +516,11 @@ def wait_for(ctx: Ctx, rig_id: str, command: str, what: str, deadline_s: float) 
         time.sleep(0.5)
 
 
-def type_once(ctx: Ctx, rig_id: str, side: str, n: int) -> tuple[float, str | None, str]:
-    """Open a terminal running ``cat > file``, type TYPED into it, end cat; (seconds, via, file)."""
+def type_once(ctx: Ctx, rig_id: str, side: str, n: int) -> tuple[float, str | None, str, str]:
+    """Open a terminal running ``cat > file``, type TYPED into it, end cat.
+
+    (seconds of the typing call, the verb's ``via``, what the file holds, a note).
+    """
     title = f"rigd-type-{side}-{n}"
     path = f"/tmp/{title}.txt"
     rig_sh(ctx, rig_id, f"rm -f {path}; {AS_RIG} setsid -f xfce4-terminal --disable-server "
@@ -541,21 +546,45 @@ def type_once(ctx: Ctx, rig_id: str, side: str, n: int) -> tuple[float, str | No
         dt = time.perf_counter() - t0
         if res.get("exitCode") != 0:
             raise BenchError(f"xdotool type exited {res.get('exitCode')}: {str(res.get('stderr'))[-400:]}")
-    # The last line ends in a newline, so one ctrl+d ends cat (and the terminal with it).
-    time.sleep(1.0)
+    # cat writes each line as its newline arrives, and TYPED ends in one: the file is complete
+    # once it holds TYPED, or has stopped changing (then what arrived is reported as it is).
+    got = settled_file(ctx, rig_id, path)
+    # Then one ctrl+d ends cat (and the terminal with it); a window that stays is closed by id.
     ctx.client.call("rig.act", {"rigId": rig_id, "tool": "computer_use",
                                 "action": {"action": "key", "text": "ctrl+d"}}, timeout=120)
-    wait_for(ctx, rig_id, f"! DISPLAY=:0 XAUTHORITY=/home/rig/.Xauthority xdotool search --name '^{title}$'",
-             f"the terminal {title} to close after ctrl+d", 120)
-    got = ctx.client.call("rig.act", {"rigId": rig_id, "tool": "terminal_use", "action": {
-        "action": "exec", "argv": ["cat", path]}}, timeout=120)
-    return dt, via, str(got["stdout"]["text"])
+    search = f"DISPLAY=:0 XAUTHORITY=/home/rig/.Xauthority xdotool search --name '^{title}$'"
+    try:
+        wait_for(ctx, rig_id, f"! {search}", f"the terminal {title} to close after ctrl+d", 30)
+        note = ""
+    except BenchError:
+        note = "its window stayed open after ctrl+d (closed by the bench)"
+        ctx.client.call("rig.act", {"rigId": rig_id, "tool": "terminal_use", "action": {
+            "action": "exec", "command": f"{search} windowkill || true", "timeoutS": 30}}, timeout=120)
+    return dt, via, got, note
+
+
+def settled_file(ctx: Ctx, rig_id: str, path: str, quiet_s: float = 5.0, deadline_s: float = 90.0) -> str:
+    """The file's text once it equals TYPED, or once it has not changed for ``quiet_s``."""
+    end = time.monotonic() + deadline_s
+    last, since = None, time.monotonic()
+    while True:
+        res = ctx.client.call("rig.act", {"rigId": rig_id, "tool": "terminal_use", "action": {
+            "action": "exec", "argv": ["cat", path]}}, timeout=120)
+        text = str(res["stdout"]["text"])
+        if text == TYPED:
+            return text
+        if text != last:
+            last, since = text, time.monotonic()
+        if time.monotonic() - since >= quiet_s or time.monotonic() > end:
+            return text
+        time.sleep(0.5)
 
 
 def _diff(want: str, got: str) -> str:
     pairs = enumerate(zip(want, got, strict=False))
     at = next((i for i, (x, y) in pairs if x != y), min(len(want), len(got)))
-    return f"first difference at character {at}: wanted {want[at:at + 12]!r}, got {got[at:at + 12]!r}"
+    return (f"{len(got)} of {len(want)} characters, first difference at character {at}: "
+            f"wanted {want[at:at + 12]!r}, got {got[at:at + 12]!r}")
 
 
 async def measure_typing(ctx: Ctx) -> TypingResult:
@@ -581,7 +610,7 @@ async def measure_typing(ctx: Ctx) -> TypingResult:
         for i in range(a.rounds):
             for side in (("rigd", "xdotool") if i % 2 == 0 else ("xdotool", "rigd")):
                 try:
-                    dt, via, got = await in_thread(lambda s=side, n=i: type_once(ctx, rig_id, s, n))
+                    dt, via, got, note = await in_thread(lambda s=side, n=i: type_once(ctx, rig_id, s, n))
                 except Exception as exc:  # the verb's refusal, a ClientError, a window that never came
                     what = "computer_use type" if side == "rigd" else "xdotool type"
                     out.skipped = f"{what} (or its terminal window) failed: {str(exc)[:400]}"
@@ -593,8 +622,8 @@ async def measure_typing(ctx: Ctx) -> TypingResult:
                 if via is not None:
                     out.via.add(via)
                 print(f"    round {i + 1}  {side:8s} {fmt_s(dt)}" + (f" (via {via})" if via else "")
-                      + ("   arrived intact" if ok else f"   arrived DIFFERENT: {_diff(TYPED, got)}"),
-                      flush=True)
+                      + ("   arrived intact" if ok else f"   arrived DIFFERENT: {_diff(TYPED, got)}")
+                      + (f"; {note}" if note else ""), flush=True)
     finally:
         with trio.CancelScope(shield=True):
             await rigd_close(ctx, rig_id)
@@ -604,13 +633,56 @@ async def measure_typing(ctx: Ctx) -> TypingResult:
 # --- the run -----------------------------------------------------------------------------
 
 
+def report_files(files: FilesResult) -> bool:
+    """Print (1) and (2); whether a target was missed."""
+    up_q, down_q = rate(files.size, med(files.qga_up)), rate(files.size, med(files.qga_down))
+    w, r = files.write_chunk // MIB, files.read_chunk // MIB
+    if files.lane_error is not None:
+        print(f"(1) files: the rigd lane refused the upload: {files.lane_error}")
+        print(f"    qemu-ga alone: guest-file-write ({w} MiB a call) {fmt_rate(up_q)}, "
+              f"guest-file-read ({r} MiB a call) {fmt_rate(down_q)}")
+        return True
+    up_r, down_r = rate(files.size, med(files.rigd_up)), rate(files.size, med(files.rigd_down))
+    ratio_up, ratio_down = up_r / up_q, down_r / down_q
+    print(f"(1) upload    rigd lane {fmt_rate(up_r)}   qemu-ga guest-file-write ({w} MiB a call) "
+          f"{fmt_rate(up_q)}   ratio {ratio_up:.2f}  ({verdict_min(ratio_up, TARGET_RATE)})")
+    print(f"    download  rigd lane {fmt_rate(down_r)}   qemu-ga guest-file-read ({r} MiB a call) "
+          f"{fmt_rate(down_q)}   ratio {ratio_down:.2f}  ({verdict_min(ratio_down, TARGET_RATE)})")
+    worst = max(files.rss, key=lambda s: s.peak_mib - s.before_mib)
+    growth = worst.peak_mib - worst.before_mib
+    hwm = ""
+    if worst.hwm_reset and worst.hwm_kib is not None:
+        hwm = (f"; VmHWM (reset just before) {worst.hwm_kib / 1024:.1f} MiB = "
+               f"+{worst.hwm_kib / 1024 - worst.before_mib:.1f} MiB")
+    print(f"(2) server RSS during the upload: before {worst.before_mib:.1f} MiB, peak {worst.peak_mib:.1f} "
+          f"MiB, growth {growth:.1f} MiB  ({verdict_max(growth, TARGET_RSS_MIB)})  "
+          f"[{len(worst.samples)} samples every {RSS_EVERY_S * 1000:.0f} ms{hwm}]")
+    return ratio_up < TARGET_RATE or ratio_down < TARGET_RATE or growth > TARGET_RSS_MIB
+
+
+def report_typing(typing: TypingResult) -> None:
+    """Print (3): the ratio, or why there is none (and what was measured before it stopped)."""
+    intact = ", ".join(f"{s} {'intact' if ok else 'DIFFERENT'}" for s, ok in typing.arrived.items())
+    via = "/".join(sorted(typing.via)) or "-"
+    if typing.skipped is None and typing.rigd and typing.xdotool:
+        ratio = med(typing.rigd) / med(typing.xdotool)
+        print(f"(3) typing 200 chars  rigd computer_use type {fmt_s(med(typing.rigd))} (via {via})   "
+              f"xdotool type {fmt_s(med(typing.xdotool))}   ratio {ratio:.2f} (below 1: rigd is faster; "
+              f"issue 10 names no target)   [{intact}]")
+        return
+    print(f"(3) typing: no ratio ({typing.skipped})")
+    if typing.rigd or typing.xdotool:
+        print(f"    measured before that: rigd {[fmt_s(x) for x in typing.rigd]} (via {via}), "
+              f"xdotool {[fmt_s(x) for x in typing.xdotool]}   [{intact}]")
+
+
 async def run_bench(ctx: Ctx) -> int:
     a = ctx.args
     work = ctx.data_dir / "bench-lanes"
     work.mkdir(exist_ok=True)
     await use_server(ctx, "lanes", warm=False)
     try:
-        files = await measure_files(ctx, work)
+        files = None if a.no_files else await measure_files(ctx, work)
         typing = TypingResult(skipped="--no-desktop") if a.no_desktop else await measure_typing(ctx)
     finally:
         await drop_server(ctx)
@@ -619,44 +691,19 @@ async def run_bench(ctx: Ctx) -> int:
     print(f"lanes bench (accel {a.accel}, {a.memory_mb} MB terminal guests, {a.vcpus} vCPU, image "
           f"{ctx.assets.image_digest[:19]}…, {a.file_mib} MiB file, {a.rounds} round(s), medians)")
     missed = False
-    up_q, down_q = rate(files.size, med(files.qga_up)), rate(files.size, med(files.qga_down))
-    w, r = files.write_chunk // MIB, files.read_chunk // MIB
-    if files.lane_error is not None:
-        missed = True
-        print(f"(1) files: the rigd lane refused the upload: {files.lane_error}")
-        print(f"    qemu-ga alone: guest-file-write ({w} MiB a call) {fmt_rate(up_q)}, "
-              f"guest-file-read ({r} MiB a call) {fmt_rate(down_q)}")
+    if files is None:
+        print("(1), (2) files: skipped (--no-files)")
     else:
-        up_r, down_r = rate(files.size, med(files.rigd_up)), rate(files.size, med(files.rigd_down))
-        ratio_up, ratio_down = up_r / up_q, down_r / down_q
-        print(f"(1) upload    rigd lane {fmt_rate(up_r)}   qemu-ga guest-file-write ({w} MiB a call) "
-              f"{fmt_rate(up_q)}   ratio {ratio_up:.2f}  ({verdict_min(ratio_up, TARGET_RATE)})")
-        print(f"    download  rigd lane {fmt_rate(down_r)}   qemu-ga guest-file-read ({r} MiB a call) "
-              f"{fmt_rate(down_q)}   ratio {ratio_down:.2f}  ({verdict_min(ratio_down, TARGET_RATE)})")
-        worst = max(files.rss, key=lambda s: s.peak_mib - s.before_mib)
-        growth = worst.peak_mib - worst.before_mib
-        hwm = ""
-        if worst.hwm_reset and worst.hwm_kib is not None:
-            hwm = (f"; VmHWM (reset just before) {worst.hwm_kib / 1024:.1f} MiB = "
-                   f"+{worst.hwm_kib / 1024 - worst.before_mib:.1f} MiB")
-        print(f"(2) server RSS during the upload: before {worst.before_mib:.1f} MiB, peak "
-              f"{worst.peak_mib:.1f} MiB, growth {growth:.1f} MiB  ({verdict_max(growth, TARGET_RSS_MIB)})"
-              f"  [{len(worst.samples)} samples every {RSS_EVERY_S * 1000:.0f} ms{hwm}]")
-        missed = missed or ratio_up < TARGET_RATE or ratio_down < TARGET_RATE or growth > TARGET_RSS_MIB
-    if typing.skipped is not None:
-        print(f"(3) typing: skipped ({typing.skipped})")
-    else:
-        ratio_t = med(typing.rigd) / med(typing.xdotool)
-        intact = ", ".join(f"{s} {'intact' if ok else 'DIFFERENT'}" for s, ok in typing.arrived.items())
-        print(f"(3) typing 200 chars  rigd computer_use type {fmt_s(med(typing.rigd))} "
-              f"(via {'/'.join(sorted(typing.via))})   xdotool type {fmt_s(med(typing.xdotool))}   "
-              f"ratio {ratio_t:.2f} (below 1: rigd is faster; issue 10 names no target)   [{intact}]")
+        missed = report_files(files)
+    report_typing(typing)
     print("context:")
-    print("    qemu-ga probe (" + ", ".join(f"{k} {fmt_rate(v)}" for k, v in files.probe.items()) + "); "
-          "one command at a time, as libvirt sends them")
-    print("    upload = LaneClient.upload whole (client hashing pass, multipart POST, agent digest check, "
-          "commit); download = LaneClient.download to a host file (Repr-Digest checked)")
-    print(f"    guests synced (untimed) before every transfer; rig.close {fmt_ms(med(ctx.close_s))}")
+    if files is not None:
+        print("    qemu-ga probe (" + ", ".join(f"{k} {fmt_rate(v)}" for k, v in files.probe.items())
+              + "); one command at a time, as libvirt sends them")
+        print("    upload = LaneClient.upload whole (client hashing pass, multipart POST, agent digest "
+              "check, commit); download = LaneClient.download to a host file (Repr-Digest checked)")
+        print("    guests synced (untimed) before every transfer")
+    print(f"    rig.close {fmt_ms(med(ctx.close_s))}")
     load = os.getloadavg()
     print(f"    host: {os.cpu_count()} CPUs, load {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")
     return 1 if a.strict and missed else 0
@@ -685,6 +732,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--file-mib", type=int, default=256, help="the file's size (default 256, the lane's cap)")
     p.add_argument("--probe-mib", type=int, default=32, help="MiB per qemu-ga chunk-size probe (default 32)")
     p.add_argument("--no-desktop", action="store_true", help="skip (3), the typing on a computer rig")
+    p.add_argument("--no-files", action="store_true", help="skip (1) and (2), the file lanes")
     p.add_argument("--accel", default="tcg", choices=["tcg", "kvm"], help="default tcg")
     p.add_argument("--memory-mb", type=int, default=512, help="the terminal rig and the peer VM")
     p.add_argument("--desktop-memory-mb", type=int, default=2048)
