@@ -14,7 +14,7 @@ help:
 	@echo "make run    - install what is missing, build images, start the server"
 	@echo "make test   - install what is missing and run lint + the whole test suite"
 	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
-	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake)"
+	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes)"
 	@echo "make lint   - ruff and mypy --strict"
 
 deps:
@@ -57,7 +57,7 @@ test: images images-desktop lint
 
 bench: images images-desktop
 	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; \
-	$(BIN)/python bench/computer.py; d=$$?; exit $$(( a || b || c || d ))
+	$(BIN)/python bench/computer.py; d=$$?; $(BIN)/python bench/lanes.py; e=$$?; exit $$(( a || b || c || d || e ))
 
 clean-cache:
 	rm -rf "$(RIGD_CACHE_DIR)"
