@@ -150,15 +150,27 @@ def _press(qcode: str, shift: bool) -> list[dict[str, Any]]:
     return [_key("shift", True), *events, _key("shift", False)] if shift else events
 
 
+#: Keys per QMP call when typing. QEMU's virtio-input queues one call's events
+#: as one report and drops the *whole* report when the guest's event queue (64
+#: buffers) has less room than it needs: 16 shifted characters (65 events) were
+#: lost outright under TCG (bench/lanes.py). Four keys are at most 16 events.
+TYPE_CHUNK = 4
+#: Between two calls, time for the guest to hand the buffers back (xdotool waits
+#: 12 ms between keys by default; this is 10 ms between four).
+TYPE_PACE_S = 0.01
+
+
 def _press_steps(keys: Sequence[tuple[str, bool]], chunk: int) -> list[Step]:
-    """Key presses, ``chunk`` keys per QMP call."""
+    """Key presses, ``chunk`` keys per QMP call, paced."""
     steps: list[Step] = []
     for i in range(0, len(keys), chunk):
+        if steps:
+            steps.append(Pause(TYPE_PACE_S))
         steps.append([e for qcode, shift in keys[i:i + chunk] for e in _press(qcode, shift)])
     return steps
 
 
-def plan_typing(text: str, *, chunk: int = 16) -> list[Step]:
+def plan_typing(text: str, *, chunk: int = TYPE_CHUNK) -> list[Step]:
     """Key events for text of the US map alone (every character in :data:`CHAR_KEYS`)."""
     return _press_steps([CHAR_KEYS[ch] for ch in text], chunk)
 
@@ -332,7 +344,7 @@ def untypeable(text: str) -> list[int]:
             if ch not in CHAR_KEYS and ch != "\r" and keysym_of(ch) is None]
 
 
-def plan_text(text: str, keymap: Keymap, *, chunk: int = 16,
+def plan_text(text: str, keymap: Keymap, *, chunk: int = TYPE_CHUNK,
               settle_s: float = REBIND_SETTLE_S) -> TextPlan:
     """Every character of ``text``, in order, as key presses (see the module doc).
 
