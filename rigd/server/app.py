@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import trio
@@ -26,9 +27,10 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from rigd.auth import Signer, bearer
-from rigd.errors import RigdError, TooManyRequests, Unauthorized
+from rigd.errors import FieldError, Forbidden, RigdError, TooManyRequests, Unauthorized
 from rigd.rigs import Caller, RigManager
 from rigd.server.rpc import Dispatcher, error, refusal
+from rigd.server.session import SESSION_S, caller_for, check_origin, clear_cookie, session_cookie, set_cookie
 from rigd.server.wsio import LockedSender, Message, serve_requests
 from rigd.store.aio import Stores
 
@@ -102,12 +104,52 @@ def create_app(ctx: ServerContext) -> QuartTrio:
     async def healthz() -> Response:
         return json_response({"ok": True})
 
+    @app.post("/session")
+    async def sign_in() -> Response:
+        """A person signs in with a token; the answer carries the session cookie."""
+        try:
+            check_origin(request.headers, request.scheme) if request.headers.get("Origin") else None
+            token = bearer(request.headers.get("Authorization"))
+            if token is None:
+                body = json.loads(await request.get_data() or b"{}")
+                token = body.get("token") if isinstance(body, dict) else None
+            if not isinstance(token, str) or not token:
+                raise FieldError("token", "give the token to sign in with")
+            user = await ctx.stores.run(ctx.stores.server.user_for_token, token)
+            if user is None:
+                raise Unauthorized("unknown or revoked token")
+            if user.kind != "person":
+                raise Forbidden("an agent token cannot sign in to the page", field="token",
+                                reason="sign in with a person's token")
+            secret = await ctx.stores.run(ctx.stores.server.create_session, user.id,
+                                          time.time() + SESSION_S)
+        except ValueError:
+            return json_response({"error": FieldError("body", "must be JSON").to_json()}, 400)
+        except RigdError as exc:
+            return json_response({"error": exc.to_json()}, _status(exc))
+        response = json_response({"user": user.to_json(), "expiresInS": SESSION_S})
+        response.headers["Set-Cookie"] = set_cookie(secret)
+        return response
+
+    @app.post("/session/end")
+    async def sign_out() -> Response:
+        secret = session_cookie(request.headers)
+        try:
+            check_origin(request.headers, request.scheme)
+        except RigdError as exc:
+            return json_response({"error": exc.to_json()}, 403)
+        ended = secret is not None and await ctx.stores.run(ctx.stores.server.end_session, secret,
+                                                              time.time())
+        response = json_response({"ended": bool(ended)})
+        response.headers["Set-Cookie"] = clear_cookie()
+        return response
+
     @app.post("/rpc")
     async def rpc_http() -> Response:
         try:
-            caller = await ctx.caller_from_token(bearer(request.headers.get("Authorization")))
+            caller = await caller_for(ctx.stores, request.headers, request.scheme, changes_state=True)
         except RigdError as exc:
-            return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, 401)
+            return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, _status(exc))
         body = await request.get_data()
         reply = await ctx.dispatcher.handle_bytes(caller, body)
         if reply is None:
@@ -117,9 +159,9 @@ def create_app(ctx: ServerContext) -> QuartTrio:
     @app.websocket("/rpc")
     async def rpc_ws() -> Any:
         try:
-            caller = await ctx.caller_from_token(bearer(websocket.headers.get("Authorization")))
+            caller = await caller_for(ctx.stores, websocket.headers, _ws_scheme(), changes_state=True)
         except RigdError as exc:
-            return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, 401)
+            return json_response({"jsonrpc": "2.0", "id": None, "error": exc.to_json()}, _status(exc))
         await websocket.accept()
         too_many = TooManyRequests(MAX_IN_FLIGHT)
         async with trio.open_nursery() as nursery:
@@ -154,13 +196,24 @@ async def lane_caller(ctx: ServerContext, kind: str, rig_id: str) -> Caller:
     token = bearer(websocket.headers.get("Authorization"))
     if token is not None:
         return await ctx.caller_from_token(token)
+    if "sig" not in websocket.args and session_cookie(websocket.headers) is not None:
+        return await caller_for(ctx.stores, websocket.headers, _ws_scheme(), changes_state=True)
     ws_id = await ctx.stores.run(ctx.stores.server.workspace_of_rig, rig_id) or "-"
     signed = ctx.signer.verify(kind, ws_id, rig_id, dict(websocket.args))
     user = await ctx.stores.run(ctx.stores.server.get_user, signed.user_id)
     return Caller(user)
 
 
+def _status(exc: RigdError) -> int:
+    return 403 if isinstance(exc, Forbidden) else 400 if isinstance(exc, FieldError) else 401
+
+
+def _ws_scheme() -> str:
+    """The origin scheme a browser's page would have for this WebSocket's server."""
+    return "https" if websocket.scheme in ("wss", "https") else "http"
+
+
 def lane_refusal(exc: RigdError) -> Response:
     """The HTTP answer to a lane WebSocket that is refused before the upgrade."""
-    status = 404 if exc.code == -32004 else 409 if exc.code == -32009 else 401
+    status = 404 if exc.code == -32004 else 409 if exc.code == -32009 else _status(exc)
     return json_response({"error": exc.to_json()}, status)

@@ -66,6 +66,7 @@ from rigd.errors import (
 )
 from rigd.rigs import Caller
 from rigd.server.app import ServerContext
+from rigd.server.session import caller_for, session_cookie
 
 log = logging.getLogger("rigd.lanes")
 
@@ -139,6 +140,10 @@ def server_app(ctx: ServerContext) -> LaneRouter:
 # -- HTTP plumbing -------------------------------------------------------------------
 
 
+def scheme_of(scope: Scope) -> str:
+    return "https" if scope.get("scheme") == "https" else "http"
+
+
 def _headers(scope: Scope) -> Headers:
     return Headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])])
 
@@ -207,7 +212,8 @@ async def serve_lane(ctx: ServerContext, lane: str, rig_id: str, scope: Scope, r
     try:
         query = _query(scope)
         headers = _headers(scope)
-        caller = await lane_caller(ctx, rig_id, headers, query)
+        caller = await lane_caller(ctx, rig_id, headers, query, write=method == "POST",
+                                   scheme=scheme_of(scope))
         if lane == "files" and method == "POST":
             await drop_files(ctx, caller, rig_id, headers, query, body, send)
         elif lane == "files" and method == "GET":
@@ -231,10 +237,13 @@ async def serve_lane(ctx: ServerContext, lane: str, rig_id: str, scope: Scope, r
         await _refuse(send, exc)
 
 
-async def lane_caller(ctx: ServerContext, rig_id: str, headers: Headers, query: dict[str, str]) -> Caller:
+async def lane_caller(ctx: ServerContext, rig_id: str, headers: Headers, query: dict[str, str],
+                      *, write: bool, scheme: str) -> Caller:
     token = bearer(headers.get("Authorization"))
     if token is not None:
         caller = await ctx.caller_from_token(token)
+    elif "sig" not in query and session_cookie(headers) is not None:
+        caller = await caller_for(ctx.stores, headers, scheme, changes_state=write)
     else:
         ws_id = await ctx.stores.run(ctx.stores.server.workspace_of_rig, rig_id) or "-"
         signed = ctx.signer.verify("rig-files", ws_id, rig_id, query)

@@ -64,6 +64,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (user_id, rig_id)
     );
     """,
+    # v3: people's page sessions (a cookie; only its sha256 is kept)
+    """
+    CREATE TABLE sessions (
+        id_sha256 TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL REFERENCES users(id),
+        created_at TEXT NOT NULL,
+        expires_epoch REAL NOT NULL
+    );
+    """,
 ]
 
 #: A person's clipboard choices before they make any: paste in is allowed,
@@ -326,6 +335,30 @@ class ServerDB:
             ).fetchone()
         return None if row is None else str(row[0])
 
+
+    # -- page sessions ---------------------------------------------------------
+
+    def create_session(self, user_id: str, expires: float) -> str:
+        """A new session for a person; the secret is returned once and kept as a hash."""
+        secret = new_token()
+        with self._lock:
+            self._conn.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)",
+                               (token_hash(secret), user_id, iso(utcnow()), expires))
+        return secret
+
+    def user_for_session(self, secret: str, now: float) -> User | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT u.* FROM sessions s JOIN users u ON u.id = s.user_id "
+                "WHERE s.id_sha256 = ? AND s.expires_epoch > ?", (token_hash(secret), now),
+            ).fetchone()
+        return None if row is None else _user(row)
+
+    def end_session(self, secret: str, now: float) -> bool:
+        with self._lock:
+            cur = self._conn.execute("DELETE FROM sessions WHERE id_sha256 = ?", (token_hash(secret),))
+            self._conn.execute("DELETE FROM sessions WHERE expires_epoch <= ?", (now,))
+        return cur.rowcount > 0
 
     # -- clipboard access ------------------------------------------------------
 
