@@ -567,15 +567,17 @@ class RigManager:
         )
 
     async def audit_event(
-        self, rig: LiveRig, caller: Caller, verb: str, args: dict[str, Any]
+        self, rig: LiveRig, caller: Caller, verb: str, args: dict[str, Any], *, tool: str = "rig",
+        outcome: str = "ok", error: str | None = None,
     ) -> None:
+        """One finished row of the rig's log (lanes: ``tool="lanes"``, shape only)."""
         with trio.CancelScope(shield=True):
             seq = await self.stores.run(
                 rig.db.begin_action, rig.row.id, actor_kind=caller.actor_kind,
-                actor_id=caller.actor_id, tool="rig", verb=verb, args=args,
+                actor_id=caller.actor_id, tool=tool, verb=verb, args=args,
             )
-            await self.stores.run(rig.db.finish_action, rig.row.id, seq, outcome="ok",
-                                  error=None, duration_ms=0)
+            await self.stores.run(rig.db.finish_action, rig.row.id, seq, outcome=outcome,
+                                  error=error, duration_ms=0)
 
     # -- terminals (PTY) ----------------------------------------------------------------
 
@@ -613,17 +615,6 @@ class RigManager:
         """The rig behind a lane request: a write respects a person's control lease,
         a read is an observation."""
         return await self._lane_rig(caller, rig_id, doing, f"woken to {doing}", control=write)
-
-    async def lane_audit(self, rig: LiveRig, caller: Caller, verb: str, shape: dict[str, Any],
-                         outcome: str, error: str | None) -> None:
-        """One lane row (shape only: counts, sizes, types, paths; never content)."""
-        with trio.CancelScope(shield=True):
-            seq = await self.stores.run(
-                rig.db.begin_action, rig.row.id, actor_kind=caller.actor_kind,
-                actor_id=caller.actor_id, tool="lanes", verb=verb, args=shape,
-            )
-            await self.stores.run(rig.db.finish_action, rig.row.id, seq, outcome=outcome,
-                                  error=error, duration_ms=0)
 
     async def note_press(self, rig: LiveRig, machine: Machine) -> None:
         """A person's press begins: remember what the drag selection holds now, so a

@@ -54,7 +54,7 @@ from rigd.backends.confine import UidPool
 from rigd.backends.desktop_argv import desktop_argv
 from rigd.backends.gates import net_argv
 from rigd.backends.host import QemuBackend
-from rigd.backends.lanes import DropTarget
+from rigd.backends.lanes import Clip, DropTarget, write_selection
 from rigd.backends.layout import Layout
 from rigd.backends.qemu import QemuConfig
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
@@ -93,8 +93,6 @@ RESTORED_DESKTOP_S = 60.0
 MAX_STILL_BYTES = 32 << 20
 #: The keyboard the recipe's argv gives the guest (``desktop_argv``'s default).
 KEYBOARD = "virtio"
-#: Clipboard text goes to the agent in parts of this many characters.
-CLIP_PART_CHARS = 16_384
 #: How long after a paste key the text must stay the selection's (the client
 #: asks the owner for it asynchronously).
 PASTE_SETTLE_S = 0.3
@@ -595,15 +593,8 @@ class DesktopDriver:
         }
 
     async def _write_selection(self, selection: str, text: str) -> int:
-        guest = self.m.channel()
-        parts = [text[i:i + CLIP_PART_CHARS] for i in range(0, len(text), CLIP_PART_CHARS)] or [""]
-        total = 0
-        for i, part in enumerate(parts):
-            body = await guest.request("clipboard_write", timeout=self.m.grace + 10, text=part,
-                                       selection=selection, continues=i + 1 < len(parts))
-            got = body.get("bytes")
-            total = got if _is_int(got) else total
-        return total
+        return await write_selection(self.m.channel(), selection, Clip("text/plain", text.encode()),
+                                     self.m.grace + 10)
 
     async def _do_wait(self, a: cv.ComputerWait) -> dict[str, Any]:
         await trio.sleep(a.duration_s)

@@ -108,7 +108,8 @@ def create_app(ctx: ServerContext) -> QuartTrio:
     async def sign_in() -> Response:
         """A person signs in with a token; the answer carries the session cookie."""
         try:
-            check_origin(request.headers, request.scheme) if request.headers.get("Origin") else None
+            if request.headers.get("Origin"):
+                check_origin(request.headers, request.scheme)
             token = bearer(request.headers.get("Authorization"))
             if token is None:
                 body = json.loads(await request.get_data() or b"{}")

@@ -370,7 +370,8 @@ async def drop_files(ctx: ServerContext, caller: Caller, rig_id: str, headers: H
                 shape.update(x=point[0], y=point[1])
             if outcome == "ok":
                 shape["told"] = told
-            await ctx.rigs.lane_audit(rig, caller, "drop_files", shape, outcome, error)
+            await ctx.rigs.audit_event(rig, caller, "drop_files", shape, tool="lanes", outcome=outcome,
+                                       error=error)
     await _json(send, {"dir": saved[0].path.rsplit("/", 1)[0],
                        "saved": [s.to_json() for s in saved], "told": told})
 
@@ -496,8 +497,8 @@ async def read_file(ctx: ServerContext, caller: Caller, rig_id: str, query: dict
                 raise Gone from exc
             raise
         finally:
-            await ctx.rigs.lane_audit(rig, caller, "read_file", {"path": path, "bytes": sent},
-                                      outcome, error)
+            await ctx.rigs.audit_event(rig, caller, "read_file", {"path": path, "bytes": sent},
+                                       tool="lanes", outcome=outcome, error=error)
 
 
 # -- the clipboard ---------------------------------------------------------------------
@@ -532,7 +533,8 @@ async def read_clipboard(ctx: ServerContext, caller: Caller, rig_id: str, query:
             error = exc.message[:300]
             raise
         finally:
-            await ctx.rigs.lane_audit(rig, caller, "clipboard_read", shape, outcome, error)
+            await ctx.rigs.audit_event(rig, caller, "clipboard_read", shape, tool="lanes",
+                                       outcome=outcome, error=error)
     if clip is None or stale:
         why = ("the drag selection is what the guest held when the press began (a finished drag)"
                if stale else f"the {selection} selection is empty")
@@ -594,9 +596,9 @@ async def write_clipboard(ctx: ServerContext, caller: Caller, rig_id: str, heade
             error = exc.message[:300]
             raise
         finally:
-            await ctx.rigs.lane_audit(rig, caller, "clipboard_write",
-                                      {"selections": selections, "type": clip.media_type,
-                                       "bytes": len(clip.data)}, outcome, error)
+            await ctx.rigs.audit_event(rig, caller, "clipboard_write",
+                                       {"selections": selections, "type": clip.media_type,
+                                        "bytes": len(clip.data)}, tool="lanes", outcome=outcome, error=error)
     await _json(send, {"type": clip.media_type, "bytes": len(clip.data), "selections": selections})
 
 
