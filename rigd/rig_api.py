@@ -255,7 +255,8 @@ class RigApi:
         rig.watched_until = now + WATCH_LAPSE_S
         if rig.person_controller == caller.user.id:
             rig.lease_until = now + CONTROL_LEASE_S
-        return {"rigId": rig_id, "phase": rig.row.phase, "watchedUntil": iso_at(rig.watched_until)}
+        return {"rigId": rig_id, "phase": rig.row.phase, "watchedUntil": iso_at(rig.watched_until),
+                "controller": self.rigs.rig_json(rig.row, rig)["controller"]}
 
     async def park(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
         rig_id = ref.rig_id

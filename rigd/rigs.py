@@ -53,7 +53,7 @@ from rigd.model import (
 from rigd.params import OpenParams
 from rigd.protocols.input import Step
 from rigd.render import exec_json, rig_json
-from rigd.scheduler import Admit, Park, plan_admission, plan_idle
+from rigd.scheduler import Admit, Park, counted, plan_admission, plan_idle
 from rigd.store.aio import Stores
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
@@ -172,6 +172,11 @@ class RigManager:
             return live.row, live.db, live
         db = await self.stores.workspace(ws_id)
         return await self.stores.run(db.get_rig, rig_id), db, None
+
+    def memory_in_use_mb(self) -> int:
+        """What the memory budget counts now: the resident memory of running and starting rigs."""
+        now = self.clock()
+        return sum(s.resident_mb for s in counted([rig_state(r, now) for r in self.live.values()]))
 
     def rig_json(self, row: RigRow, live: LiveRig | None = None) -> dict[str, Any]:
         now = self.clock()

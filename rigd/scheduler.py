@@ -104,6 +104,11 @@ class Refuse:
     reason: str
 
 
+def counted(rigs: Sequence[RigState]) -> list[RigState]:
+    """The rigs the memory budget counts: running (ready, parked) and starting."""
+    return [r for r in rigs if r.phase in RUNNING or r.phase is Phase.PROVISIONING]
+
+
 def plan_admission(
     rigs: Sequence[RigState], *, budget_mb: int, need_mb: int, now: float
 ) -> Admit | Refuse:
@@ -111,7 +116,7 @@ def plan_admission(
     if need_mb > budget_mb:
         return Refuse(f"a rig of {need_mb} MB is larger than the whole memory budget "
                       f"of {budget_mb} MB")
-    live = [r for r in rigs if r.phase in RUNNING or r.phase is Phase.PROVISIONING]
+    live = counted(rigs)
     used = sum(r.resident_mb for r in live)
     if used + need_mb <= budget_mb:
         return Admit(())

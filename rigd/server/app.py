@@ -12,6 +12,8 @@ Routes:
 - ``/rig/live/<rigId>`` (WebSocket): a computer rig's live view
   (rigd.server.live). A bearer token or a signed ``rig-view`` target.
 - ``GET /healthz``.
+- ``/``, ``/settings/server/rigs[/<rigId>]``, ``/static/<name>``: the settings
+  page (rigd.server.pages).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from werkzeug.exceptions import HTTPException
 from rigd.auth import Signer, bearer
 from rigd.errors import FieldError, Forbidden, RigdError, TooManyRequests, Unauthorized
 from rigd.rigs import Caller, RigManager
+from rigd.server.pages import register_pages
 from rigd.server.rpc import Dispatcher, error, refusal
 from rigd.server.session import SESSION_S, caller_for, check_origin, clear_cookie, session_cookie, set_cookie
 from rigd.server.wsio import LockedSender, Message, serve_requests
@@ -188,6 +191,7 @@ def create_app(ctx: ServerContext) -> QuartTrio:
 
         return await serve_live(ctx, rig_id)
 
+    register_pages(app)
     return app
 
 

@@ -47,6 +47,7 @@ from rigd.rigs import RigManager
 from rigd.server.app import MAX_INBOUND, ServerContext
 from rigd.server.lanes import server_app
 from rigd.server.methods import build_methods
+from rigd.server.pages import HOME as PAGE_HOME
 from rigd.server.rpc import Dispatcher
 from rigd.store.aio import Stores
 
@@ -382,6 +383,7 @@ async def _serve(
         task_status.started(url)
         print(f"rigd {url} (data {data_dir}, accel {accel or 'none: ' + (problem or '')})", flush=True)
         print(f"admin token: {token_path}", flush=True)
+        print(f"settings page: {url}{PAGE_HOME} (sign in with the admin token)", flush=True)
         await shutdown.wait()
         await rigs.shutdown()
         nursery.cancel_scope.cancel()

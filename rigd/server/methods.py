@@ -124,6 +124,8 @@ def build_methods(
             "accelProblem": rigs.accel_problem,
             "surfaces": sorted(s.value for s in BUILT_SURFACES),
             "memoryBudgetMb": rigs.memory_budget_mb,
+            "memoryInUseMb": rigs.memory_in_use_mb(),
+            "network": rigs.network or "none",
         }
 
     async def _secret_workspace(caller: Caller, params: dict[str, Any]) -> tuple[str, SecretStore]:

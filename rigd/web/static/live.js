@@ -1,0 +1,195 @@
+// The live view of a computer rig: frames from /rig/live/<rigId> drawn on a
+// canvas scaled to fit, and — while this person holds control — mouse,
+// wheel and keyboard sent back as guest pixels and X11 keysyms. Files
+// dropped on the canvas go through the file lane at the drop point; a paste
+// (ctrl+v) puts this computer's clipboard on the rig's first, then presses v.
+import { wsUrl, backoff } from "./rpc.js";
+import { h } from "./dom.js";
+import { keysymOf } from "./keys.js";
+
+export class LiveView {
+  constructor({ tab, status }) {
+    this.tab = tab;
+    this.say = status;
+    this.control = tab.mine();
+    this.display = tab.rig.display || { width: 1280, height: 800 };
+    this.canvas = h("canvas.screen", {
+      id: "screen", tabindex: 0, width: this.display.width, height: this.display.height,
+      role: "img", "aria-label": `Live view of ${tab.rigId}. Take control, then focus here to type and click.`,
+    });
+    this.ctx2d = this.canvas.getContext("2d");
+    this.info = h("p.muted", { id: "view-info", "aria-live": "off" }, "Connecting to the live view…");
+    this.element = h("div.live", {}, this.canvas, this.info);
+    this.frames = 0;
+    this.attempt = 0;
+    this.disposed = false;
+    this.pendingMove = null;
+    this.held = new Set();
+    this.bind();
+    this.open();
+  }
+
+  dispose() {
+    this.disposed = true;
+    this.releaseAll();
+    if (this.ws) this.ws.close();
+  }
+
+  focus() { this.canvas.focus(); }
+
+  setControl(mine) {
+    if (this.control && !mine) this.releaseAll();
+    this.control = mine;
+    this.canvas.classList.toggle("driving", mine);
+  }
+
+  open() {
+    const ws = new WebSocket(wsUrl(`/rig/live/${encodeURIComponent(this.tab.rigId)}`));
+    ws.binaryType = "blob";
+    this.ws = ws;
+    let header = null;
+    ws.onopen = () => { this.attempt = 0; this.info.textContent = "Connected; waiting for the screen to change…"; };
+    ws.onmessage = async (m) => {
+      if (typeof m.data === "string") {
+        let msg;
+        try { msg = JSON.parse(m.data); } catch { return; }
+        if (msg.type === "frame") header = msg;
+        else if (msg.type === "hello" && msg.display) this.resize(msg.display);
+        else if (msg.type === "error") this.say(`The rig refused input: ${msg.reason}${msg.field ? ` (${msg.field})` : ""}`, "error");
+        return;
+      }
+      if (!header) return;
+      const meta = header;
+      header = null;
+      try {
+        const bitmap = await createImageBitmap(m.data);
+        if (meta.display) this.resize(meta.display);
+        this.ctx2d.drawImage(bitmap, 0, 0, this.canvas.width, this.canvas.height);
+        bitmap.close();
+        this.frames++;
+        this.canvas.dataset.frames = String(this.frames);
+        this.info.textContent = `Frame ${meta.seq} · ${meta.imageSize.width}×${meta.imageSize.height} · from ${meta.source}`;
+      } catch { /* a broken image: wait for the next */ }
+    };
+    ws.onclose = () => {
+      if (this.disposed) return;
+      this.ws = null;
+      const delay = backoff(this.attempt++);
+      this.info.textContent = `The live view lost its connection — reconnecting in ${(delay / 1000).toFixed(1)} s…`;
+      this.say("Live view reconnecting…", "warn");
+      setTimeout(async () => {
+        if (this.disposed) return;
+        await this.tab.refresh();
+        if (!this.disposed && this.tab.rig && this.tab.rig.phase !== "closed") this.open();
+      }, delay);
+    };
+  }
+
+  resize(d) {
+    if (d.width === this.display.width && d.height === this.display.height) return;
+    this.display = d;
+    this.canvas.width = d.width;
+    this.canvas.height = d.height;
+  }
+
+  send(msg) {
+    if (this.control && this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
+  }
+
+  /** A pointer event's position in guest pixels. */
+  point(ev) {
+    const r = this.canvas.getBoundingClientRect();
+    const x = Math.floor(((ev.clientX - r.left) * this.display.width) / r.width);
+    const y = Math.floor(((ev.clientY - r.top) * this.display.height) / r.height);
+    return { x: Math.min(this.display.width - 1, Math.max(0, x)), y: Math.min(this.display.height - 1, Math.max(0, y)) };
+  }
+
+  releaseAll() {
+    for (const key of this.held) this.send({ type: "key", key, down: false });
+    this.held.clear();
+  }
+
+  bind() {
+    const c = this.canvas;
+    const buttons = ["left", "middle", "right"];
+    c.addEventListener("mousemove", (ev) => {
+      if (!this.control) return;
+      const first = this.pendingMove === null;
+      this.pendingMove = this.point(ev);
+      if (first) requestAnimationFrame(() => {
+        const p = this.pendingMove;
+        this.pendingMove = null;
+        if (p) this.send({ type: "move", ...p });
+      });
+    });
+    c.addEventListener("mousedown", (ev) => {
+      c.focus();
+      if (!this.control || !buttons[ev.button]) return;
+      ev.preventDefault();
+      this.pendingMove = null;
+      this.send({ type: "button", button: buttons[ev.button], down: true, ...this.point(ev) });
+    });
+    c.addEventListener("mouseup", (ev) => {
+      if (!this.control || !buttons[ev.button]) return;
+      ev.preventDefault();
+      this.send({ type: "button", button: buttons[ev.button], down: false, ...this.point(ev) });
+    });
+    c.addEventListener("contextmenu", (ev) => { if (this.control) ev.preventDefault(); });
+    c.addEventListener("wheel", (ev) => {
+      if (!this.control) return;
+      ev.preventDefault();
+      const vertical = Math.abs(ev.deltaY) >= Math.abs(ev.deltaX);
+      const delta = vertical ? ev.deltaY : ev.deltaX;
+      if (!delta) return;
+      const direction = vertical ? (delta > 0 ? "down" : "up") : (delta > 0 ? "right" : "left");
+      const amount = Math.min(5, Math.max(1, Math.round(Math.abs(delta) / (ev.deltaMode ? 1 : 100))));
+      this.send({ type: "wheel", direction, amount });
+    }, { passive: false });
+    c.addEventListener("keydown", (ev) => this.key(ev, true));
+    c.addEventListener("keyup", (ev) => this.key(ev, false));
+    c.addEventListener("blur", () => this.releaseAll());
+    c.addEventListener("paste", (ev) => this.paste(ev));
+    c.addEventListener("dragover", (ev) => { ev.preventDefault(); c.classList.add("dropping"); });
+    c.addEventListener("dragleave", () => c.classList.remove("dropping"));
+    c.addEventListener("drop", (ev) => {
+      ev.preventDefault();
+      c.classList.remove("dropping");
+      const files = [...(ev.dataTransfer ? ev.dataTransfer.files : [])];
+      if (files.length) this.tab.sendFiles(files, this.point(ev));
+    });
+  }
+
+  key(ev, down) {
+    if (!this.control) return;
+    const keysym = keysymOf(ev.code);
+    // ctrl/cmd+v: let the browser's paste event carry this computer's
+    // clipboard to the rig first (paste() then presses v).
+    if ((ev.ctrlKey || ev.metaKey) && ev.code === "KeyV") return;
+    if (ev.code === "Tab" && ev.shiftKey && ev.ctrlKey) return; // leave a way out of the canvas
+    ev.preventDefault();
+    if (keysym) {
+      if (down) this.held.add(keysym); else this.held.delete(keysym);
+      this.send({ type: "key", key: keysym, down });
+    } else if (down && ev.key && ev.key.length === 1) {
+      this.send({ type: "text", text: ev.key });
+    }
+  }
+
+  async paste(ev) {
+    if (!this.control) return;
+    ev.preventDefault();
+    const data = ev.clipboardData;
+    const image = data && [...data.files].find((f) => f.type === "image/png" || f.type === "image/jpeg");
+    const text = data ? data.getData("text/plain") : "";
+    try {
+      if (image) await this.tab.pasteData(image, image.type);
+      else if (text) await this.tab.pasteData(text, "text/plain; charset=utf-8");
+      else return;
+    } catch (e) {
+      this.say(`Paste refused: ${e.describe ? e.describe() : e}`, "error");
+      return;
+    }
+    this.send({ type: "key", key: "v", down: true });
+    this.send({ type: "key", key: "v", down: false });
+  }
+}

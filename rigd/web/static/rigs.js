@@ -1,0 +1,169 @@
+// The rigs screen: a workspace switcher, the workspace's rigs (live from the
+// event stream), opening rigs, the row actions, and the server panel.
+import { call, RpcError } from "./rpc.js";
+import { h, replace, duration, since, announce } from "./dom.js";
+import { ServerPanel } from "./panel.js";
+
+const WS_KEY = "rigd.workspace";
+const COLUMNS = ["Rig", "Surface", "Phase", "Backend", "Display", "Controller", "Memory", "Age", "Idle", "Pins", "Actions"];
+
+export class RigsScreen {
+  constructor(ctx) {
+    this.ctx = ctx;
+    this.rigs = new Map();
+    this.disposed = false;
+    this.status = h("p.status", { role: "status", "aria-live": "polite", id: "rigs-status" });
+    this.tbody = h("tbody", { id: "rigs-body" });
+    this.select = h("select", { id: "workspace", onchange: () => this.switchTo(this.select.value) });
+    this.surface = h("select", { id: "open-surface", name: "surface" });
+    this.panel = new ServerPanel(ctx);
+    const table = h("table.rigs", { "aria-labelledby": "rigs-title", "aria-describedby": "rigs-status" },
+      h("caption.sr", {}, "Rigs of the workspace; updates live"),
+      h("thead", {}, h("tr", {}, COLUMNS.map((c) => h("th", { scope: "col" }, c)))), this.tbody);
+    const open = h("form.inline", { "aria-label": "Open a rig", onsubmit: (e) => { e.preventDefault(); this.open(); } },
+      h("label", { for: "open-surface" }, "Surface"), this.surface,
+      h("button.primary", { type: "submit", id: "open-rig" }, "Open rig"));
+    replace(ctx.main,
+      h("section.card", { "aria-labelledby": "rigs-title" },
+        h("div.row", {},
+          h("h1", { id: "rigs-title" }, "Rigs"),
+          h("div.inline", {}, h("label", { for: "workspace" }, "Workspace"), this.select), open),
+        this.status,
+        h("div.scroll", {}, table)),
+      this.panel.element);
+    this.timer = setInterval(() => this.tick(), 1000);
+    this.load();
+  }
+
+  dispose() { this.disposed = true; clearInterval(this.timer); this.panel.dispose(); }
+
+  async load() {
+    try {
+      const workspaces = await call("workspace.list");
+      const info = this.ctx.session.info;
+      replace(this.surface, (info.surfaces || []).map((s) => h("option", { value: s }, s)));
+      if (!workspaces.length) {
+        replace(this.select, h("option", { value: "" }, "no workspaces"));
+        announce(this.status, "You are not a member of any workspace, so there are no rigs to show.");
+        replace(this.tbody, h("tr", {}, h("td", { colspan: COLUMNS.length }, "No rigs.")));
+        return;
+      }
+      const wanted = new URLSearchParams(location.search).get("ws") || localStorage.getItem(WS_KEY);
+      const ws = workspaces.find((w) => w.id === wanted || w.name === wanted) || workspaces[0];
+      replace(this.select, workspaces.map((w) => h("option", { value: w.id, selected: w.id === ws.id }, w.name)));
+      await this.switchTo(ws.id);
+    } catch (e) { this.fail(e); }
+  }
+
+  async switchTo(workspace) {
+    this.workspace = workspace;
+    localStorage.setItem(WS_KEY, workspace);
+    this.ctx.socket.subscribe(workspace);
+    await this.reload();
+  }
+
+  async reload() {
+    try {
+      const list = await call("rig.list", { workspace: this.workspace });
+      if (this.disposed) return;
+      this.rigs = new Map(list.map((r) => [r.id, r]));
+      this.render();
+      announce(this.status, `${list.length} rig${list.length === 1 ? "" : "s"}.`);
+    } catch (e) { this.fail(e); }
+  }
+
+  onConnection(status) { if (status === "reconnected") this.reload(); }
+
+  async onEvent(event) {
+    if (event.workspace !== this.workspace || !event.rigId) return;
+    if (event.type === "RigClosedEvent") {
+      this.rigs.delete(event.rigId);
+      this.render();
+      announce(this.status, `Rig ${event.rigId} closed (${event.reason || event.closeReason || "closed"}).`);
+      this.ctx.refreshFacts();
+      return;
+    }
+    try {
+      const rig = await call("rig.get", { rigId: event.rigId });
+      if (this.disposed) return;
+      if (rig.phase === "closed") this.rigs.delete(rig.id); else this.rigs.set(rig.id, rig);
+      this.render();
+      if (event.type === "RigPhaseChanged") this.ctx.refreshFacts();
+    } catch { /* gone, or not ours */ }
+  }
+
+  tick() {
+    for (const tr of this.tbody.querySelectorAll("tr[data-rig]")) {
+      const rig = this.rigs.get(tr.dataset.rig);
+      if (!rig) continue;
+      tr.querySelector(".age").textContent = duration(since(rig.createdAt));
+      tr.querySelector(".idle").textContent = duration(since(rig.lastActiveAt));
+    }
+  }
+
+  async open() {
+    const surface = this.surface.value;
+    announce(this.status, `Opening a ${surface} rig…`);
+    try {
+      const rig = await call("rig.open", { workspace: this.workspace, surface, conversation: `page-${Date.now()}` });
+      this.rigs.set(rig.id, rig);
+      this.render();
+      announce(this.status, `Opened ${rig.id} (${rig.phase}).`, "ok");
+    } catch (e) { this.fail(e); }
+  }
+
+  async act(rig, label, method, params) {
+    announce(this.status, `${label} ${rig.id}…`);
+    try {
+      const result = await call(method, params);
+      if (result && result.id === rig.id) this.rigs.set(rig.id, result);
+      if (method === "rig.close") this.rigs.delete(rig.id);
+      this.render();
+      announce(this.status, `${label} ${rig.id}: done.`, "ok");
+    } catch (e) { this.fail(e); }
+  }
+
+  fail(e) { announce(this.status, e instanceof RpcError ? e.describe() : String(e), "error"); }
+
+  render() {
+    const me = this.ctx.session.me;
+    const rows = [...this.rigs.values()].sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1));
+    if (!rows.length) {
+      replace(this.tbody, h("tr", {}, h("td", { colspan: COLUMNS.length }, "No rigs in this workspace. Open one above.")));
+      return;
+    }
+    replace(this.tbody, rows.map((rig) => this.row(rig, me)));
+  }
+
+  row(rig, me) {
+    const mine = rig.controller && rig.controller.kind === "person" && rig.controller.id === me.id;
+    const running = ["ready", "busy", "parked"].includes(rig.phase);
+    const failed = rig.phase === "failed";
+    const actions = [
+      h("a.button", { href: `/settings/server/rigs/${encodeURIComponent(rig.id)}`, "data-nav": true,
+        "aria-label": `Open the tab of ${rig.id}` }, rig.surface === "terminal" ? "Terminal" : "View"),
+      running && !mine && h("button", { type: "button", onclick: () => this.act(rig, "Taking control of", "rig.control", { rigId: rig.id, op: "take" }) }, "Take control"),
+      running && mine && h("button", { type: "button", onclick: () => this.act(rig, "Handing back", "rig.control", { rigId: rig.id, op: "release" }) }, "Hand back"),
+      rig.phase === "ready" && h("button", { type: "button", onclick: () => this.act(rig, "Parking", "rig.park", { rigId: rig.id }) }, "Park"),
+      failed && h("button", { type: "button", onclick: () => this.act(rig, "Retrying", "rig.retry", { rigId: rig.id }) }, "Retry"),
+      h("button.danger", { type: "button", "aria-label": `Close ${rig.id}`, onclick: () => this.act(rig, "Closing", "rig.close", { rigId: rig.id }) }, "Close"),
+    ];
+    const controller = rig.controller ? `${rig.controller.kind}${rig.controller.kind === "person" && rig.controller.id === me.id ? " (you)" : ""}` : "—";
+    const memory = rig.residentMb ? `${rig.residentMb} / ${rig.memoryMb} MB` : `${rig.memoryMb} MB`;
+    return h("tr", { dataset: { rig: rig.id, phase: rig.phase } },
+      h("th", { scope: "row" }, h("a", { href: `/settings/server/rigs/${encodeURIComponent(rig.id)}`, "data-nav": true }, rig.id)),
+      h("td", {}, rig.surface),
+      h("td.phase", {}, h("span.phase", { dataset: { phase: rig.phase } }, rig.phase),
+        rig.phaseDetail ? h("div.muted", {}, rig.phaseDetail) : null,
+        rig.failure ? h("div.error", {}, rig.failure) : null),
+      h("td", {}, `${rig.backend} · ${rig.accel || "?"}`,
+        rig.securityBoundary === false ? h("div", {}, h("span.badge.danger", { title: (rig.notes || []).join(" ") }, "not a security boundary")) : null),
+      h("td", {}, rig.display ? `${rig.display.width}×${rig.display.height}` : "—"),
+      h("td.controller", {}, controller),
+      h("td", {}, memory),
+      h("td.age", {}, duration(since(rig.createdAt))),
+      h("td.idle", {}, duration(since(rig.lastActiveAt))),
+      h("td", {}, (rig.pins || []).join(", ") || "—"),
+      h("td.actions", {}, actions));
+  }
+}

@@ -1,0 +1,313 @@
+// A rig's tab (/settings/server/rigs/<rigId>): its state and control lease,
+// the live view (computer) or an interactive terminal (terminal), the
+// clipboard and file lanes, and the audit log. A heartbeat (rig.watch every
+// 2 s) keeps the rig warm while the tab is open and renews a held lease.
+import { call, RpcError, lane, uploadDrop, b64url, wsUrl, backoff } from "./rpc.js";
+import { h, replace, duration, until, bytes, announce } from "./dom.js";
+import { LiveView } from "./live.js";
+import { TermView } from "./termview.js";
+
+const HEARTBEAT_MS = 2000;
+const LOG_PAGE = 50;
+
+export class RigTab {
+  constructor(ctx, rigId) {
+    this.ctx = ctx;
+    this.rigId = rigId;
+    this.disposed = false;
+    this.rig = null;
+    ctx.setCrumb(rigId);
+    this.title = h("h1", { id: "rig-title" }, rigId);
+    this.state = h("div.state", { id: "rig-state" });
+    this.banner = h("div.banner", { role: "alert", id: "rig-banner", hidden: true });
+    this.control = h("div.control", { id: "control", "aria-live": "polite" });
+    this.status = h("p.status", { role: "status", "aria-live": "polite", id: "tab-status" });
+    this.stage = h("div.stage", { id: "stage" });
+    this.tools = h("div.tools", { id: "tools" });
+    this.logBody = h("tbody", { id: "log-body" });
+    this.logMore = h("button", { type: "button", id: "log-older", hidden: true, onclick: () => this.loadLog(true) }, "Older entries");
+    replace(ctx.main,
+      h("section.card", { "aria-labelledby": "rig-title" },
+        h("div.row", {}, this.title, h("a", { href: "/settings/server/rigs", "data-nav": true }, "← All rigs")),
+        this.banner, this.state, this.control, this.status, this.stage, this.tools),
+      h("section.card", { "aria-labelledby": "log-title" },
+        h("div.row", {}, h("h2", { id: "log-title" }, "Audit log"),
+          h("button", { type: "button", onclick: () => this.loadLog(false) }, "Refresh")),
+        h("p.muted", {}, "Every input with its actor; typed text appears only as its length and a hash."),
+        h("div.scroll", {}, h("table", { "aria-labelledby": "log-title" },
+          h("thead", {}, h("tr", {}, ["#", "When", "Actor", "Tool", "Action", "Details", "Outcome"].map((c) => h("th", { scope: "col" }, c)))),
+          this.logBody)), this.logMore));
+    this.clock = setInterval(() => this.renderControl(), 1000);
+    this.start();
+  }
+
+  dispose() {
+    this.disposed = true;
+    clearInterval(this.clock);
+    clearTimeout(this.beat);
+    if (this.view) this.view.dispose();
+  }
+
+  async start() {
+    try {
+      this.rig = await call("rig.get", { rigId: this.rigId });
+    } catch (e) {
+      announce(this.status, describe(e), "error");
+      return;
+    }
+    this.ctx.socket.subscribe(this.rig.workspace);
+    this.render();
+    this.loadLog(false);
+    if (this.rig.phase === "closed") { this.ended(this.rig); return; }
+    this.heartbeat();
+    this.mountView();
+  }
+
+  mountView() {
+    if (this.view || this.disposed || !this.rig) return;
+    if (!["ready", "busy", "parked"].includes(this.rig.phase)) {
+      replace(this.stage, h("p.muted", {}, `The rig is ${this.rig.phase}; the view opens when it is ready.`));
+      return;
+    }
+    const hooks = { tab: this, status: (t, k) => announce(this.status, t, k) };
+    this.view = this.rig.surface === "terminal" ? new TermView(hooks) : new LiveView(hooks);
+    replace(this.stage, this.view.element);
+    this.renderTools();
+  }
+
+  mine() {
+    const c = this.rig && this.rig.controller;
+    return Boolean(c && c.kind === "person" && c.id === this.ctx.session.me.id);
+  }
+
+  async heartbeat() {
+    if (this.disposed || !this.rig || this.rig.phase === "closed") return;
+    if (document.visibilityState !== "hidden") {
+      try {
+        const beat = await call("rig.watch", { rigId: this.rigId });
+        if (beat.controller !== undefined && this.rig) this.rig.controller = beat.controller;
+      } catch (e) {
+        if (e instanceof RpcError && e.code === -32009) await this.refresh();
+      }
+    }
+    this.beat = setTimeout(() => this.heartbeat(), HEARTBEAT_MS);
+  }
+
+  async refresh() {
+    try {
+      this.rig = await call("rig.get", { rigId: this.rigId });
+      this.render();
+      if (this.rig.phase === "closed") this.ended(this.rig);
+      else this.mountView();
+    } catch (e) { announce(this.status, describe(e), "error"); }
+  }
+
+  onConnection(status) { if (status === "reconnected") this.refresh(); }
+
+  async onEvent(event) {
+    if (event.rigId !== this.rigId) return;
+    if (event.type === "RigClosedEvent") {
+      await this.refresh();
+      return;
+    }
+    await this.refresh();
+    if (event.type === "RigControlChanged") this.loadLog(false);
+  }
+
+  ended(rig) {
+    clearTimeout(this.beat);
+    if (this.view) { this.view.dispose(); this.view = null; }
+    this.banner.hidden = false;
+    replace(this.banner, h("strong", {}, "This rig has closed"), `: ${rig.closeReason || "closed"}`,
+      rig.failure ? ` — ${rig.failure}` : "", ".");
+    replace(this.stage);
+    replace(this.tools);
+    replace(this.control);
+  }
+
+  render() {
+    const rig = this.rig;
+    const facts = [
+      ["Surface", rig.surface], ["Phase", `${rig.phase}${rig.phaseDetail ? ` — ${rig.phaseDetail}` : ""}`],
+      ["Backend", `${rig.backend} · ${rig.accel || "?"}`],
+      ["Display", rig.display ? `${rig.display.width}×${rig.display.height}` : "—"],
+      ["Memory", rig.residentMb ? `${rig.residentMb} of ${rig.memoryMb} MB resident` : `${rig.memoryMb} MB`],
+    ];
+    replace(this.state, h("dl.facts", {}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { fact: k.toLowerCase() } }, v)])),
+      rig.securityBoundary === false ? h("span.badge.danger", {}, "TCG — not a security boundary") : null);
+    this.renderControl();
+    if (this.view && this.view.setControl) this.view.setControl(this.mine());
+  }
+
+  renderControl() {
+    const rig = this.rig;
+    if (!rig || rig.phase === "closed" || this.disposed) return;
+    const c = rig.controller;
+    if (this.mine()) {
+      const left = c.until ? until(c.until) : null;
+      const text = `You hold control${left !== null ? ` — lease ${duration(left)} left (renewed while this tab is open)` : ""}.`;
+      const existing = this.control.querySelector(".lease");
+      if (existing && this.control.dataset.mode === "mine") { existing.textContent = text; return; }
+      this.control.dataset.mode = "mine";
+      replace(this.control, h("span.lease", { id: "lease" }, text), " ",
+        h("button.primary", { type: "button", id: "hand-back", onclick: () => this.setControl("release") }, "Hand back"));
+      return;
+    }
+    const mode = c && c.kind === "person" ? "other" : "free";
+    if (this.control.dataset.mode === mode) return;
+    this.control.dataset.mode = mode;
+    const who = c ? (c.kind === "person" ? "another person" : "an agent") : "nobody";
+    replace(this.control, h("span", {}, `View only — ${who} is driving.`), " ",
+      mode === "other" ? null : h("button.primary", { type: "button", id: "take-control", onclick: () => this.setControl("take") }, "Take control"));
+  }
+
+  async setControl(op) {
+    try {
+      this.rig = await call("rig.control", { rigId: this.rigId, op });
+      this.control.dataset.mode = "";
+      this.render();
+      announce(this.status, op === "take" ? "You have control: input goes to the rig." : "Handed back.", "ok");
+      if (op === "take" && this.view && this.view.focus) this.view.focus();
+    } catch (e) { announce(this.status, describe(e), "error"); }
+  }
+
+  renderTools() {
+    const progress = h("progress", { id: "drop-progress", max: 1, value: 0, hidden: true, "aria-label": "Upload progress" });
+    const dropStatus = h("p.status", { role: "status", "aria-live": "polite", id: "drop-status" });
+    const pick = h("input", { type: "file", id: "drop-pick", multiple: true,
+      onchange: () => { if (pick.files.length) this.sendFiles([...pick.files], null); pick.value = ""; } });
+    const path = h("input", { id: "download-path", name: "path", size: 36, placeholder: this.rig.surface === "terminal" ? "/root/file.txt" : "/home/rig/file.txt" });
+    const download = h("form.inline", { "aria-label": "Download a file from the rig", onsubmit: (e) => {
+      e.preventDefault();
+      if (!path.value.trim()) return;
+      const a = h("a", { href: `/rig/files/${encodeURIComponent(this.rigId)}?p=${b64url(path.value.trim())}`, download: "" });
+      document.body.append(a); a.click(); a.remove();
+    } }, h("label", { for: "download-path" }, "Download a guest path"), path, h("button", { type: "submit" }, "Download"));
+    this.dropUi = { progress, status: dropStatus };
+    const clip = h("div.inline", {},
+      h("button", { type: "button", id: "copy-out", onclick: () => this.copyOut() }, "Copy from rig"),
+      h("button", { type: "button", id: "paste-in", onclick: () => this.pasteFromHost() }, "Paste into rig"));
+    this.clipOut = h("div", { id: "clip-out" });
+    this.prompt = h("div.prompt", { id: "clip-prompt", role: "dialog", "aria-modal": "false", "aria-labelledby": "clip-prompt-title", hidden: true });
+    replace(this.tools,
+      h("div.tool", {}, h("h2", {}, "Clipboard"), clip, this.prompt, this.clipOut),
+      h("div.tool", {}, h("h2", {}, "Files"),
+        h("p.muted", {}, this.rig.surface === "terminal" ? "Drop files on the terminal, or pick them; they land in ~/drops." : "Drop files on the screen, or pick them; they land in ~/Drops."),
+        h("label", { for: "drop-pick" }, "Send files"), pick, progress, dropStatus, download));
+  }
+
+  async sendFiles(files, point) {
+    const { progress, status } = this.dropUi;
+    const total = files.reduce((n, f) => n + f.size, 0);
+    progress.hidden = false;
+    progress.max = Math.max(1, total);
+    progress.value = 0;
+    announce(status, `Sending ${files.length} file${files.length === 1 ? "" : "s"} (${bytes(total)})…`);
+    try {
+      const result = await uploadDrop(this.rigId, files, point, (sent, all) => {
+        progress.max = all; progress.value = sent;
+        announce(status, `Sending… ${Math.round((100 * sent) / all)}%`);
+      });
+      progress.value = progress.max;
+      const told = result.told === "clipboard" ? " Their paths are on the rig's clipboard." : "";
+      announce(status, `Saved ${result.saved.map((s) => s.path).join(", ")}.${told}`, "ok");
+      this.loadLog(false);
+    } catch (e) {
+      progress.hidden = true;
+      announce(status, describe(e), "error");
+    }
+  }
+
+  /** Host → rig: the text (or image) given, through the clipboard lane. */
+  async pasteData(blob, type) {
+    await lane(`/rig/clipboard/${encodeURIComponent(this.rigId)}`, {
+      method: "POST", headers: { "Content-Type": type }, body: blob,
+    });
+  }
+
+  async pasteFromHost() {
+    try {
+      const text = await navigator.clipboard.readText();
+      await this.pasteData(text, "text/plain; charset=utf-8");
+      announce(this.status, `Pasted ${text.length} characters into the rig's clipboard.`, "ok");
+    } catch (e) { announce(this.status, `Paste: ${describe(e)}`, "error"); }
+  }
+
+  /** Rig → host: asks first when the person's policy says so. */
+  async copyOut(again = true) {
+    let response;
+    try {
+      response = await lane(`/rig/clipboard/${encodeURIComponent(this.rigId)}`);
+    } catch (e) {
+      if (e instanceof RpcError && e.status === 403 && e.data.ask && again) { this.ask(); return; }
+      announce(this.status, `Copy: ${describe(e)}`, "error");
+      return;
+    }
+    if (response.status === 204) { announce(this.status, "The rig's clipboard is empty."); replace(this.clipOut); return; }
+    const type = response.headers.get("Content-Type") || "";
+    if (type.startsWith("image/")) {
+      const blob = await response.blob();
+      replace(this.clipOut, h("img", { src: URL.createObjectURL(blob), alt: "Image copied from the rig", class: "clip-image" }));
+      try { await navigator.clipboard.write([new ClipboardItem({ [blob.type]: blob })]); } catch { /* shown above */ }
+      announce(this.status, `Copied an image (${bytes(blob.size)}) from the rig.`, "ok");
+      return;
+    }
+    const text = await response.text();
+    replace(this.clipOut, h("label", { for: "clip-text" }, "Copied from the rig"),
+      h("textarea", { id: "clip-text", readonly: true, rows: 3, cols: 50 }, text));
+    try { await navigator.clipboard.writeText(text); } catch { /* the text is shown above */ }
+    announce(this.status, `Copied ${text.length} characters from the rig.`, "ok");
+  }
+
+  ask() {
+    const done = async (choice) => {
+      this.prompt.hidden = true;
+      try {
+        if (choice === "grant") await call("clipboard.grant", { rigId: this.rigId });
+        else if (choice === "always") await call("clipboard.policy.set", { rigToHost: "allow" });
+        else { announce(this.status, "Copy denied: nothing left the rig."); return; }
+        await this.copyOut(false);
+      } catch (e) { announce(this.status, describe(e), "error"); }
+    };
+    this.prompt.hidden = false;
+    replace(this.prompt,
+      h("p", { id: "clip-prompt-title" }, "Copy the rig's clipboard to this computer?"),
+      h("button.primary", { type: "button", id: "clip-grant", onclick: () => done("grant") }, "Allow for ten minutes"),
+      h("button", { type: "button", id: "clip-always", onclick: () => done("always") }, "Always"),
+      h("button", { type: "button", id: "clip-deny", onclick: () => done("deny") }, "Deny"));
+    this.prompt.querySelector("button").focus();
+  }
+
+  async loadLog(older) {
+    try {
+      const params = { rigId: this.rigId, limit: LOG_PAGE };
+      if (older && this.oldest) params.beforeSeq = this.oldest;
+      const page = await call("rig.log", params);
+      const rows = Array.isArray(page) ? page : page.actions;
+      const more = Array.isArray(page) ? rows.length >= LOG_PAGE : page.more;
+      if (!older) replace(this.logBody);
+      for (const r of rows) this.logBody.append(logRow(r));
+      if (rows.length) this.oldest = rows[rows.length - 1].seq;
+      this.logMore.hidden = !more;
+      if (!older && !rows.length) this.logBody.append(h("tr", {}, h("td", { colspan: 7 }, "Nothing logged yet.")));
+    } catch (e) { announce(this.status, describe(e), "error"); }
+  }
+}
+
+function logRow(r) {
+  return h("tr", {},
+    h("td", {}, String(r.seq)), h("td", {}, new Date(r.at).toLocaleTimeString()),
+    h("td", {}, `${r.actor.kind}`), h("td", {}, r.tool), h("td", {}, r.verb),
+    h("td", {}, h("code", {}, summarise(r.args))),
+    h("td", {}, r.outcome + (r.error ? `: ${r.error}` : "")));
+}
+
+/** The logged shape; masked text stays as the server stored it (length and hash). */
+function summarise(args) {
+  if (!args || typeof args !== "object") return "";
+  return Object.entries(args).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ").slice(0, 200);
+}
+
+function describe(e) { return e instanceof RpcError ? e.describe() : String(e); }
+
+export { wsUrl, backoff };
