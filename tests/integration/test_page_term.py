@@ -393,3 +393,50 @@ def test_fit_reports_cols_and_rows_from_the_container(page: Any) -> None:
     assert len(dom_rows(page)) == smaller["rows"]
     page.evaluate("() => term.dispose()")
     assert page.evaluate("() => document.querySelector('.rigd-term') === null")
+
+
+def test_styles_survive_a_strict_content_security_policy(browser: Any) -> None:
+    # The page may forbid inline style attributes and <style>: term.js styles through the CSSOM only.
+    pg = browser.new_page()
+    try:
+        pg.set_content("<meta http-equiv='Content-Security-Policy' "
+                       "content=\"default-src 'none'; script-src 'unsafe-inline'; style-src 'self'\">"
+                       "<div id=t style='width:800px;height:400px'></div>")
+        pg.add_script_tag(content=TERM_JS.read_text() + "\nwindow.Terminal = Terminal;\n", type="module")
+        pg.wait_for_function("() => window.Terminal !== undefined", timeout=10_000)
+        start(pg, cols=40, rows=4)
+        write(pg, "\x1b[31mRED\x1b[0m")
+        frame(pg)
+        assert pg.evaluate("""() => {
+          const s = [...document.querySelectorAll('.rigd-term-row span')].find((e) => e.textContent === 'RED');
+          const box = getComputedStyle(document.getElementById('t')).width;  // its style attribute was refused
+          return [getComputedStyle(s).color, document.querySelector('.rigd-term-row').style.height, box !== '800px'];
+        }""") == ["rgb(205, 0, 0)", "17px", True]
+    finally:
+        pg.close()
+
+
+def test_browser_paste_keys_reach_the_terminal(browser: Any) -> None:
+    # A real clipboard needs a secure context: a routed http://localhost page, nothing listening.
+    ctx = browser.new_context(permissions=["clipboard-read", "clipboard-write"])
+    try:
+        pg = ctx.new_page()
+        pg.route("http://localhost/**", lambda route: route.fulfill(
+            body="<div id=t style='width:800px;height:400px'></div>", content_type="text/html"))
+        pg.goto("http://localhost/term")
+        pg.add_script_tag(content=TERM_JS.read_text() + "\nwindow.Terminal = Terminal;\n", type="module")
+        pg.wait_for_function("() => window.Terminal !== undefined", timeout=10_000)
+        start(pg)
+        pg.evaluate("() => navigator.clipboard.writeText('echo hi\\n')")
+        pg.focus(".rigd-term")
+        pg.keyboard.press("Control+Shift+V")  # not swallowed: the browser pastes, the terminal sends it
+        pg.wait_for_function("() => sent.length > 0", timeout=5_000)
+        assert sent(pg) == ["echo hi\r"]
+        write(pg, "\x1b[?2004h")
+        pg.keyboard.press("Shift+Insert")
+        pg.wait_for_function("() => sent.length > 0", timeout=5_000)
+        assert sent(pg) == ["\x1b[200~echo hi\r\x1b[201~"]
+        pg.keyboard.press("Control+v")  # plain Ctrl+V is the terminal's (literal next)
+        assert sent(pg) == ["\x16"]
+    finally:
+        ctx.close()

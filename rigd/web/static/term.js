@@ -18,11 +18,8 @@
 // themed with CSS variables on any ancestor: --rigd-term-fg, --rigd-term-bg,
 // --rigd-term-font.
 //
-// Known limits: every character takes one cell (CJK and emoji are drawn in
-// one cell and may overlap their neighbour); no mouse reporting; no reflow of
-// wrapped lines on resize; no left/right margins; IME composition is not
-// supported (dead keys and composed input are ignored); Option on macOS is
-// treated as Alt.
+// Known limits (one cell per character, no mouse reporting, no reflow, no
+// IME...): docs/decisions.md, "In-page terminal".
 
 const SCROLLBACK = 1000;
 const MAX_PARAMS = 32;
@@ -38,6 +35,9 @@ const BG_DEFAULT = 'var(--rigd-term-bg, #111111)';
 
 // Attribute flags.
 const BOLD = 1, DIM = 2, ITALIC = 4, UNDERLINE = 8, INVERSE = 16, HIDDEN = 32, STRIKE = 64, BLINK = 128;
+
+const SGR_ON = { 1: BOLD, 2: DIM, 3: ITALIC, 4: UNDERLINE, 5: BLINK, 6: BLINK, 7: INVERSE, 8: HIDDEN, 9: STRIKE, 21: UNDERLINE };
+const SGR_OFF = { 22: BOLD | DIM, 23: ITALIC, 24: UNDERLINE, 25: BLINK, 27: INVERSE, 28: HIDDEN, 29: STRIKE };
 
 // The xterm 256-colour palette: 16 system colours, a 6x6x6 cube, 24 greys.
 const PALETTE = (() => {
@@ -476,21 +476,14 @@ export class Terminal {
       case 'H':
         this._tabs[this._x] = 1;
         return;
-      case 'c': return this._fullReset();
+      case 'c': return this._reset(); // RIS
       default: // ESC = / ESC > (keypad), ESC \ (lone ST) and unknowns: ignored
     }
   }
 
   _escIntDispatch(inter, c) {
     const f = String.fromCharCode(c);
-    if (inter === '(' || inter === ')') this._charsets[inter === '(' ? 0 : 1] = f;
-    else if (inter === '#' && f === '8') { // DECALN: fill with E
-      for (const l of this._scr.lines) {
-        l.ch.fill('E');
-        l.at.fill(DEFAULT_ATTR);
-      }
-      this._dirtyAll = true;
-    }
+    if (inter === '(' || inter === ')') this._charsets[inter === '(' ? 0 : 1] = f; // others (ESC # 8...): ignored
   }
 
   _csiByte(c) {
@@ -544,37 +537,34 @@ export class Terminal {
     }
     if (pre) return; // DA2/DA3, XTVERSION, kitty keyboard queries...: no answer
     if ('ABCDEFGHIZJKLMPXadef`@'.includes(f)) this._wrapPending = false; // SGR, DSR... keep it
-    const y = this._y;
+    const y = this._y, n = this._p(0);
     switch (f) {
-      case 'A': this._y = Math.max(y - this._p(0), y >= this._top ? this._top : 0); break;
-      case 'B': case 'e': this._y = Math.min(y + this._p(0), y <= this._bottom ? this._bottom : rows - 1); break;
-      case 'C': case 'a': this._x = Math.min(this._x + this._p(0), cols - 1); break;
-      case 'D': this._x = Math.max(this._x - this._p(0), 0); break;
-      case 'E': this._x = 0; this._y = Math.min(y + this._p(0), y <= this._bottom ? this._bottom : rows - 1); break;
-      case 'F': this._x = 0; this._y = Math.max(y - this._p(0), y >= this._top ? this._top : 0); break;
-      case 'G': case '`': this._x = Math.min(this._p(0), cols) - 1; break;
+      case 'A': this._y = Math.max(y - n, y >= this._top ? this._top : 0); break;
+      case 'B': case 'e': this._y = Math.min(y + n, y <= this._bottom ? this._bottom : rows - 1); break;
+      case 'C': case 'a': this._x = Math.min(this._x + n, cols - 1); break;
+      case 'D': this._x = Math.max(this._x - n, 0); break;
+      case 'E': this._x = 0; this._y = Math.min(y + n, y <= this._bottom ? this._bottom : rows - 1); break;
+      case 'F': this._x = 0; this._y = Math.max(y - n, y >= this._top ? this._top : 0); break;
+      case 'G': case '`': this._x = Math.min(n, cols) - 1; break;
       case 'H': case 'f': this._moveTo(this._p(0) - 1, this._p(1) - 1); break;
       case 'd': this._moveTo(this._p(0) - 1, this._x); break;
-      case 'I': this._tab(Math.min(this._p(0), cols)); break;
-      case 'Z': this._backTab(Math.min(this._p(0), cols)); break;
+      case 'I': this._tab(Math.min(n, cols)); break;
+      case 'Z': this._tab(Math.min(n, cols), -1); break;
       case 'J': this._eraseDisplay(p[0] > 0 ? p[0] : 0); break;
       case 'K': this._eraseLine(p[0] > 0 ? p[0] : 0); break;
-      case '@': this._insertChars(Math.min(this._p(0), cols)); break;
-      case 'P': this._deleteChars(Math.min(this._p(0), cols)); break;
+      case '@': this._insertChars(Math.min(n, cols)); break;
+      case 'P': this._deleteChars(Math.min(n, cols)); break;
       case 'X': {
-        const n = Math.min(this._p(0), cols - this._x);
-        this._scr.lines[y].fill(this._x, this._x + n, this._blank());
+        this._scr.lines[y].fill(this._x, this._x + Math.min(n, cols - this._x), this._blank());
         this._touch(y);
         break;
       }
-      case 'L': this._insertLines(Math.min(this._p(0), rows)); break;
-      case 'M': this._deleteLines(Math.min(this._p(0), rows)); break;
-      case 'S': this._scrollUp(Math.min(this._p(0), rows)); break;
-      case 'T': if (p.length <= 1) this._scrollDown(Math.min(this._p(0), rows)); break;
+      case 'L': case 'M': this._insertDeleteLines(Math.min(n, rows), f === 'L'); break;
+      case 'S': this._scrollUp(Math.min(n, rows)); break;
+      case 'T': if (p.length <= 1) this._scrollUp(Math.min(n, rows), true); break;
       case 'b': { // REP: repeat the last printed character
-        const n = Math.min(this._p(0), cols * rows);
         const ch = this._lastChar;
-        for (let i = 0; i < n; i++) this._putChar(ch);
+        for (let i = Math.min(n, cols * rows); i > 0; i--) this._putChar(ch);
         break;
       }
       case 'g':
@@ -694,22 +684,9 @@ export class Terminal {
       }
       i = j - 1;
       if (v === 0) { fg = -1; bg = -1; flags = 0; }
-      else if (v === 1) flags |= BOLD;
-      else if (v === 2) flags |= DIM;
-      else if (v === 3) flags |= ITALIC;
-      else if (v === 4) flags = group[1] === 0 ? flags & ~UNDERLINE : flags | UNDERLINE;
-      else if (v === 5 || v === 6) flags |= BLINK;
-      else if (v === 7) flags |= INVERSE;
-      else if (v === 8) flags |= HIDDEN;
-      else if (v === 9) flags |= STRIKE;
-      else if (v === 21) flags |= UNDERLINE;
-      else if (v === 22) flags &= ~(BOLD | DIM);
-      else if (v === 23) flags &= ~ITALIC;
-      else if (v === 24) flags &= ~UNDERLINE;
-      else if (v === 25) flags &= ~BLINK;
-      else if (v === 27) flags &= ~INVERSE;
-      else if (v === 28) flags &= ~HIDDEN;
-      else if (v === 29) flags &= ~STRIKE;
+      else if (v === 4 && group[1] === 0) flags &= ~UNDERLINE; // 4:0 is "no underline"
+      else if (SGR_ON[v]) flags |= SGR_ON[v];
+      else if (SGR_OFF[v]) flags &= ~SGR_OFF[v];
       else if (v >= 30 && v <= 37) fg = v - 30;
       else if (v === 39) fg = -1;
       else if (v >= 40 && v <= 47) bg = v - 40;
@@ -781,21 +758,14 @@ export class Terminal {
     this._x = clamp(col, 0, this._cols - 1);
   }
 
-  _tab(n) {
+  // Move n tab stops forward (dir 1) or back (dir -1), stopping at the edges.
+  _tab(n, dir = 1) {
     this._wrapPending = false;
+    const end = dir > 0 ? this._cols - 1 : 0;
     let x = this._x;
-    for (let i = 0; i < n && x < this._cols - 1; i++) {
-      x++;
-      while (x < this._cols - 1 && !this._tabs[x]) x++;
-    }
-    this._x = x;
-  }
-
-  _backTab(n) {
-    let x = this._x;
-    for (let i = 0; i < n && x > 0; i++) {
-      x--;
-      while (x > 0 && !this._tabs[x]) x--;
+    for (let i = 0; i < n && x !== end; i++) {
+      x += dir;
+      while (x !== end && !this._tabs[x]) x += dir;
     }
     this._x = x;
   }
@@ -807,52 +777,37 @@ export class Terminal {
 
   _reverseIndex() {
     this._wrapPending = false;
-    if (this._y === this._top) this._scrollDown(1);
+    if (this._y === this._top) this._scrollUp(1, true);
     else if (this._y > 0) this._y--;
   }
 
-  _scrollUp(n) {
-    const top = this._top, bottom = this._bottom, lines = this._scr.lines;
+  // Scroll the region up (lines leave at the top: to the scrollback if the
+  // region starts at row 1) or down (lines leave at the bottom).
+  _scrollUp(n, down = false) {
+    const top = this._top, bottom = this._bottom, lines = this._scr.lines, blank = this._blank();
     n = Math.min(n, bottom - top + 1);
-    const blank = this._blank();
     for (let i = 0; i < n; i++) {
-      const [gone] = lines.splice(top, 1);
-      if (top === 0) this._scr.pushScrollback(gone);
-      lines.splice(bottom, 0, new Line(this._cols, blank));
+      if (down) {
+        lines.splice(bottom, 1);
+        lines.splice(top, 0, new Line(this._cols, blank));
+      } else {
+        const [gone] = lines.splice(top, 1);
+        if (top === 0) this._scr.pushScrollback(gone);
+        lines.splice(bottom, 0, new Line(this._cols, blank));
+      }
     }
     this._touchRange(top, bottom);
   }
 
-  _scrollDown(n) {
-    const top = this._top, bottom = this._bottom, lines = this._scr.lines;
-    n = Math.min(n, bottom - top + 1);
-    const blank = this._blank();
-    for (let i = 0; i < n; i++) {
-      lines.splice(bottom, 1);
-      lines.splice(top, 0, new Line(this._cols, blank));
-    }
-    this._touchRange(top, bottom);
-  }
-
-  _insertLines(n) {
+  // IL/DL: scroll the part of the region below the cursor (never into the scrollback).
+  _insertDeleteLines(n, insert) {
     if (this._y < this._top || this._y > this._bottom) return;
-    const saved = this._top;
+    const top = this._top, sb = this._scr.sb;
     this._top = this._y;
-    this._scrollDown(n);
-    this._top = saved;
-    this._x = 0;
-  }
-
-  _deleteLines(n) {
-    if (this._y < this._top || this._y > this._bottom) return;
-    const saved = this._top;
-    this._top = this._y;
-    // Lines deleted inside a region never go to the scrollback.
-    const sb = this._scr.sb;
     this._scr.sb = null;
-    this._scrollUp(n);
+    this._scrollUp(n, insert);
     this._scr.sb = sb;
-    this._top = saved;
+    this._top = top;
     this._x = 0;
   }
 
@@ -937,10 +892,6 @@ export class Terminal {
     this._charsets = ['B', 'B'];
     this._gl = 0;
     this._normal.saved = this._alt.saved = null;
-  }
-
-  _fullReset() {
-    this._reset();
   }
 
   // ---- DOM and rendering -------------------------------------------------
@@ -1131,6 +1082,7 @@ export class Terminal {
         return (this._appCursor ? '\x1bO' : '\x1b[') + f;
       }
       case 'Insert': case 'Delete': case 'PageUp': case 'PageDown': {
+        if (key === 'Insert' && shift && mod === 2) return null; // Shift+Insert: the browser's paste
         const n = { Insert: 2, Delete: 3, PageUp: 5, PageDown: 6 }[key];
         return '\x1b[' + n + (mod > 1 ? ';' + mod : '') + '~';
       }
