@@ -258,15 +258,17 @@ class ImportJobs:
                 image = await trio.to_thread.run_sync(work, abandon_on_cancel=False)
             if image is not None:
                 # Done, even if a cancel came after the last check: the image is in place.
+                boots = False
+                with trio.CancelScope(shield=True):  # a few small reads; the job ends as done
+                    try:
+                        choice = await trio.to_thread.run_sync(self.listing)
+                    except (RigdError, OSError):
+                        log.exception("import %s: cannot tell which image boots", job.id)
+                    else:
+                        boots = choice.boots is not None and choice.boots.dir == image.dir
                 job.already_present = image.already_present
-                job.image = image_entry(image, False)
+                job.image = image_entry(image, boots)
                 job.end(JobState.DONE)
-                try:
-                    choice = await trio.to_thread.run_sync(self.listing)
-                except (RigdError, OSError):
-                    log.exception("import %s: cannot tell which image boots", job.id)
-                else:
-                    job.image["boots"] = choice.boots is not None and choice.boots.dir == image.dir
         except RigdError as exc:
             log.warning("import %s failed: %s", job.id, exc.message)
             job.end(JobState.FAILED, error=exc)
