@@ -272,20 +272,36 @@ def parse_control(raw: object) -> ControlParams:
     raise FieldError("op", "must be 'take' or 'release'")
 
 
+#: ``rig.log``'s page size: the default and the most one call returns.
+LOG_LIMIT_DEFAULT = 100
+LOG_LIMIT_MAX = 500
+#: Sequence numbers are at most this (JavaScript's Number.MAX_SAFE_INTEGER, which a page may
+#: pass as ``beforeSeq`` for the newest page).
+SEQ_MAX = 2**53 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class LogParams:
     rig_id: str
     after_seq: int
+    #: When set: the newest rows before this seq (and after ``after_seq``), newest first.
+    before_seq: int | None = None
+    limit: int = LOG_LIMIT_DEFAULT
 
 
 def parse_log(raw: object) -> LogParams:
     params = obj(raw)
-    no_extra(params, {"rigId", "afterSeq"})
+    no_extra(params, {"rigId", "afterSeq", "beforeSeq", "limit"})
     rig_id = ident(params, "rigId")
     after = params.get("afterSeq", 0)
-    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+    if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after <= SEQ_MAX:
         raise FieldError("afterSeq", "must be a non-negative integer")
-    return LogParams(rig_id, after)
+    before = params.get("beforeSeq")
+    if before is not None and (not isinstance(before, int) or isinstance(before, bool)
+                               or not 1 <= before <= SEQ_MAX):
+        raise FieldError("beforeSeq", f"must be an integer 1..{SEQ_MAX} (the seq a page ends before)")
+    limit = integer(params, "limit", 1, LOG_LIMIT_MAX, LOG_LIMIT_DEFAULT, "rows")
+    return LogParams(rig_id, after, before, limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -316,7 +316,8 @@ class RigApi:
 
     async def actions(self, caller: Caller, params: LogParams) -> list[dict[str, Any]]:
         _row, db, _live = await self.rigs.visible(caller, params.rig_id)
-        rows = await self.rigs.stores.run(db.actions, params.rig_id, after_seq=params.after_seq)
+        rows = await self.rigs.stores.run(db.actions, params.rig_id, after_seq=params.after_seq,
+                                          before_seq=params.before_seq, limit=params.limit)
         return [r.to_json() for r in rows]
 
 

@@ -86,6 +86,8 @@ MAX_MANIFEST_BYTES = 1 << 20
 MAX_DISK_BYTES = 256 << 30
 MAX_BOOT_FILE_BYTES = 512 << 20
 HTTP_TIMEOUT_S = 60.0
+#: Bytes per read: the unit of progress events and of cancellation checks.
+CHUNK_BYTES = 1 << 20
 _QCOW2_MAGIC = b"QFI\xfb"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -93,6 +95,71 @@ _GUEST_PATH = re.compile(r"^/(?:[A-Za-z0-9._+-]+/)*[A-Za-z0-9._+-]+$")
 _CMDLINE_ARG = re.compile(r"^[\x21-\x7e]{1,256}$")
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ImportProgress:
+    """Where an import is, for a progress bar.
+
+    ``phase`` is the step in words (``"fetching <url>"``, ``"checking the
+    disk"``, …). ``bytes`` counts every byte fetched so far by this import;
+    ``total_bytes`` is what the whole import will fetch, when known: the first
+    file's Content-Length or size, then — once a manifest is read — the
+    manifest plus the sizes it pins. It is display only (a server may lie in
+    Content-Length; the limits are enforced on the bytes themselves), and it
+    falls back to ``None`` when more bytes arrive than it said.
+    """
+
+    phase: str
+    bytes: int
+    total_bytes: int | None
+
+
+OnProgress = Callable[[ImportProgress], None]
+#: Called between chunks and steps; whatever it raises stops the import (leaving nothing behind).
+Check = Callable[[], None]
+
+
+class _Meter:
+    """The import's progress: phases as text (``say``) and as structured events, bytes, checks."""
+
+    def __init__(self, say: Progress, on_progress: OnProgress | None, check: Check | None) -> None:
+        self._say = say
+        self._on = on_progress
+        self._check = check or (lambda: None)
+        self.phase = ""
+        self.done = 0
+        self.total: int | None = None
+
+    def _emit(self) -> None:
+        if self._on is not None:
+            self._on(ImportProgress(self.phase, self.done, self.total))
+
+    def step(self, phase: str) -> None:
+        self._check()
+        self.phase = phase
+        self._say(phase)
+        self._emit()
+
+    def fetching(self, what: str, size_hint: int | None) -> None:
+        if self.total is None and size_hint is not None:
+            self.total = self.done + size_hint
+        self.step(f"fetching {what}")
+
+    def expect(self, more: int) -> None:
+        """From now on the import fetches ``more`` bytes beyond those already counted."""
+        self.total = self.done + more
+        self._emit()
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.total is not None and self.done > self.total:
+            self.total = None
+        self._emit()
+        self._check()
+
+    def say(self, msg: str) -> None:
+        self._say(msg)
 
 
 # --------------------------------------------------------------------------
@@ -268,6 +335,17 @@ class ImportedImage:
         return self.manifest.guest_protocol
 
 
+@dataclass(frozen=True, slots=True)
+class BootChoice:
+    """What computer rigs boot, and from what it was chosen."""
+
+    imported: list[ImportedImage]  # every complete import, by digest
+    boots: ImportedImage | None  # the one the next computer rig boots, when it is imported already
+    #: A desktop build in the cache that is not imported yet (its manifest and sha256): when there
+    #: is one, *it* is what the next rig boots — it imports it first — so ``boots`` is None.
+    pending: tuple[Path, str] | None
+
+
 def images_dir(data_dir: Path) -> Path:
     return data_dir / "rigs" / "images"
 
@@ -344,10 +422,11 @@ class _Source:
         return _Source(str(self.path.parent / name))
 
     @contextlib.contextmanager
-    def open(self) -> Iterator[BinaryIO]:
+    def open(self) -> Iterator[tuple[BinaryIO, int | None]]:
+        """The bytes, and how many there will be when the source says (a file's size, Content-Length)."""
         if self.path is not None:
             with self.path.open("rb") as f:
-                yield f
+                yield f, os.fstat(f.fileno()).st_size
             return
         assert self.url is not None
         req = urllib.request.Request(self.url, headers={"User-Agent": "rigd-image-import"})  # noqa: S310 - scheme checked: http(s) only
@@ -361,18 +440,27 @@ class _Source:
         except (urllib.error.URLError, OSError) as exc:
             raise RigdError(f"cannot download {self.url}: {exc}", url=self.url) from exc
         with resp:
-            yield resp
+            length = resp.headers.get("Content-Length", "")
+            yield resp, int(length) if length.isdigit() and len(length) < 20 else None
 
 
-def _fetch(src: _Source, dest: Path, limit: int, progress: Progress) -> tuple[str, int]:
+def check_source(source: str) -> str:
+    """Check that ``source`` names something :func:`import_image` can read (a scheme it
+    supports, an existing file); returns it as an import describes it. Raises
+    :class:`FieldError` on ``source``. Touches the file system, never the network."""
+    return _Source(source).describe()
+
+
+def _fetch(src: _Source, dest: Path, limit: int, meter: _Meter) -> tuple[str, int]:
     """Copy ``src`` to the new file ``dest`` (never following a link); return (sha256, size)."""
     h = hashlib.sha256()
     size = 0
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     last = time.monotonic()
     try:
-        with os.fdopen(fd, "wb") as out, src.open() as f:
-            while chunk := f.read(1 << 20):
+        with os.fdopen(fd, "wb") as out, src.open() as (f, length):
+            meter.fetching(src.describe(), length)
+            while chunk := f.read(CHUNK_BYTES):
                 size += len(chunk)
                 if size > limit:
                     raise RigdError(
@@ -380,8 +468,9 @@ def _fetch(src: _Source, dest: Path, limit: int, progress: Progress) -> tuple[st
                     )
                 h.update(chunk)
                 out.write(chunk)
+                meter.add(len(chunk))
                 if time.monotonic() - last > 5:
-                    progress(f"fetching {src.describe()}: {size >> 20} MiB")
+                    meter.say(f"fetching {src.describe()}: {size >> 20} MiB")
                     last = time.monotonic()
     except OSError as exc:
         raise RigdError(f"cannot read {src.describe()}: {exc}", source=src.describe()) from exc
@@ -460,10 +549,10 @@ def read_from_ext4(image: Path, guest_path: str, dest: Path) -> None:
         raise RigdError(f"cannot copy {guest_path} out of the image: {res.stderr.strip()[-500:]}")
 
 
-def _unpack_bare_qcow2(disk: Path, stage: Path, progress: Progress) -> ImageMarker:
+def _unpack_bare_qcow2(disk: Path, stage: Path, meter: _Meter) -> ImageMarker:
     """Copy the marker, kernel and initramfs out of a bare qcow2 into ``stage``."""
     raw = stage / ".raw"
-    progress("reading the image's boot files (qemu-img convert to a temporary raw file)")
+    meter.step("unpacking: reading the image's boot files (qemu-img convert to a temporary raw file)")
     res = subprocess.run(
         [_qemu_img(), "convert", "-f", "qcow2", "-O", "raw", str(disk), str(raw)],
         capture_output=True,
@@ -473,6 +562,7 @@ def _unpack_bare_qcow2(disk: Path, stage: Path, progress: Progress) -> ImageMark
     if res.returncode != 0:
         raise RigdError(f"qemu-img convert failed: {res.stderr.strip()[-1000:]}")
     try:
+        meter.step("unpacking: copying the kernel and initramfs out of the image")
         read_from_ext4(raw, MARKER_PATH, stage / ".marker")
         marker = parse_marker((stage / ".marker").read_bytes())
         read_from_ext4(raw, marker.kernel_path, stage / ".kernel")
@@ -518,6 +608,8 @@ def import_image(
     data_dir: Path,
     *,
     progress: Progress | None = None,
+    on_progress: OnProgress | None = None,
+    check: Check | None = None,
 ) -> ImportedImage:
     """Import a computer image from ``source`` if its sha256 is ``sha256``.
 
@@ -529,28 +621,34 @@ def import_image(
     digest mismatch one that names the expected and the actual digest — and
     leaves nothing behind in that case. Synchronous and slow (it copies
     gigabytes): the server calls it from a worker thread.
+
+    ``progress`` gets the steps as text (every 5 s also the MiB so far);
+    ``on_progress`` gets an :class:`ImportProgress` at every step and every
+    chunk read. ``check`` is called between chunks and steps; an exception
+    from it stops the import and is re-raised, with the staging directory
+    removed — that is how an import is cancelled.
     """
-    say = progress or (lambda _msg: None)
+    meter = _Meter(progress or (lambda _msg: None), on_progress, check)
     want = normalise_sha256(sha256)
     src = _Source(str(source))
     base = _images_dir_checked(data_dir)
     final = base / f"sha256-{want}"
     if not final.is_symlink() and (final / MANIFEST_NAME).is_file():
-        say(f"already imported: {final}")
+        meter.step(f"already imported: {final}")
         return load_imported(final, want)
     stage = Path(tempfile.mkdtemp(prefix=".import-", dir=base))
     try:
         first = stage / ".source"
-        say(f"fetching {src.describe()}")
-        got, size = _fetch(src, first, MAX_DISK_BYTES, say)
+        got, size = _fetch(src, first, MAX_DISK_BYTES, meter)
         if got != want:
             raise _mismatch("the image", src, want, got)
         with first.open("rb") as f:
             head = f.read(4)
         if head == _QCOW2_MAGIC:
+            meter.step("checking the disk (qemu-img info)")
             check_qcow2(first)
             os.rename(first, stage / DISK_NAME)
-            marker = _unpack_bare_qcow2(stage / DISK_NAME, stage, say)
+            marker = _unpack_bare_qcow2(stage / DISK_NAME, stage, meter)
             manifest = ImageManifest(
                 surface=marker.surface,
                 guest_protocol=marker.guest_protocol,
@@ -570,14 +668,15 @@ def import_image(
                 raise RigdError(f"{src.describe()} is neither a qcow2 image nor a rigd image manifest")
             theirs = parse_manifest(text, src.describe())
             parts = ((theirs.disk, DISK_NAME), (theirs.kernel, KERNEL_NAME), (theirs.initrd, INITRD_NAME))
+            meter.expect(sum(ref.size for ref, _name in parts))
             for ref, name in parts:
                 part = src.sibling(ref.file)
-                say(f"fetching {part.describe()}")
-                got, n = _fetch(part, stage / name, ref.size, say)
+                got, n = _fetch(part, stage / name, ref.size, meter)
                 if got != ref.sha256:
                     raise _mismatch(f"{ref.file} (pinned by the manifest)", part, ref.sha256, got)
                 if n != ref.size:
                     raise RigdError(f"{part.describe()}: size {n}, the manifest says {ref.size}")
+            meter.step("checking the disk (qemu-img info)")
             check_qcow2(stage / DISK_NAME)
             manifest = ImageManifest(
                 surface=theirs.surface,
@@ -591,6 +690,7 @@ def import_image(
                 initrd=FileRef(INITRD_NAME, theirs.initrd.sha256, theirs.initrd.size),
             )
             first.unlink()
+        meter.step("storing the image")
         (stage / MANIFEST_NAME).write_text(manifest.dumps())
         for name in (DISK_NAME, KERNEL_NAME, INITRD_NAME, MANIFEST_NAME):
             (stage / name).chmod(READ_ONLY_MODE)
@@ -606,7 +706,7 @@ def import_image(
     except BaseException:
         remove_tree(stage)
         raise
-    say(f"imported {final} (guest protocol {manifest.guest_protocol})")
+    meter.say(f"imported {final} (guest protocol {manifest.guest_protocol})")
     return ImportedImage(
         dir=final,
         disk=final / DISK_NAME,
@@ -631,11 +731,14 @@ __all__ = [
     "MANIFEST_NAME",
     "MARKER_FORMAT",
     "MARKER_PATH",
+    "BootChoice",
     "FileRef",
     "ImageManifest",
     "ImageMarker",
+    "ImportProgress",
     "ImportedImage",
     "check_qcow2",
+    "check_source",
     "images_dir",
     "import_image",
     "list_imported",

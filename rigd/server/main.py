@@ -40,11 +40,12 @@ from rigd.errors import RigdError
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.cache import sha256_file
 from rigd.images.desktop import find_desktop
-from rigd.images.importer import ImportedImage, import_image, list_imported
+from rigd.images.importer import BootChoice, ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
 from rigd.model import LIMITS, Accel, Surface
 from rigd.rigs import RigManager
 from rigd.server.app import MAX_INBOUND, ServerContext
+from rigd.server.imports import ImportJobs
 from rigd.server.lanes import server_app
 from rigd.server.methods import build_methods
 from rigd.server.pages import HOME as PAGE_HOME
@@ -253,8 +254,29 @@ async def _network(config: ServeConfig, data_dir: Path) -> tuple[NetworkConfig |
 ImageProvider = Callable[[Callable[[str], None]], ImportedImage | None]
 
 
+def which_boots(data_dir: Path, cache_dir: Path | None) -> BootChoice:
+    """The one rule for what computer rigs boot (``desktop_images`` and ``image.list`` share it).
+
+    A desktop build in the cache (``make images-desktop``) that is not imported yet is what
+    the next rig boots (it imports it first); otherwise the newest import in
+    ``<dataDir>/rigs/images/`` (by its directory's mtime, then its name). Blocking: it reads
+    the file system and hashes the build's small manifest.
+    """
+    imported = list_imported(data_dir)
+    try:
+        built = find_desktop(cache_dir)
+    except RigdError:
+        built = None
+    if built is not None:
+        digest = sha256_file(built.manifest_path)
+        if not any(i.sha256 == digest for i in imported):
+            return BootChoice(imported, None, (built.manifest_path, digest))
+    boots = max(imported, key=lambda i: (i.dir.stat().st_mtime_ns, i.dir.name)) if imported else None
+    return BootChoice(imported, boots, None)
+
+
 def desktop_images(data_dir: Path, cache_dir: Path | None) -> ImageProvider:
-    """What computer rigs boot: the newest image imported into ``<dataDir>/rigs/images/``.
+    """What computer rigs boot: :func:`which_boots`.
 
     The desktop recipe's build in the cache (``make images-desktop``) is
     imported on first use, checksum-pinned like any other import, so a rig
@@ -262,22 +284,14 @@ def desktop_images(data_dir: Path, cache_dir: Path | None) -> ImageProvider:
     """
 
     def current(progress: Callable[[str], None]) -> ImportedImage | None:
-        imported = list_imported(data_dir)
-        try:
-            built = find_desktop(cache_dir)
-        except RigdError:
-            built = None
-        if built is not None:
-            digest = sha256_file(built.manifest_path)
-            if not any(i.sha256 == digest for i in imported):
-                progress("importing the desktop image")
-                log.info("importing the built desktop image %s", built.dir)
-                import_image(built.manifest_path, digest, data_dir,
-                             progress=lambda m: log.info("desktop import: %s", m))
-                imported = list_imported(data_dir)
-        if not imported:
-            return None
-        return max(imported, key=lambda i: (i.dir.stat().st_mtime_ns, i.dir.name))
+        choice = which_boots(data_dir, cache_dir)
+        if choice.pending is not None:
+            manifest, digest = choice.pending
+            progress("importing the desktop image")
+            log.info("importing the built desktop image %s", manifest.parent)
+            import_image(manifest, digest, data_dir, progress=lambda m: log.info("desktop import: %s", m))
+            choice = which_boots(data_dir, cache_dir)
+        return choice.boots
 
     return current
 
@@ -353,7 +367,8 @@ async def _serve(
     )
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
-    dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker))
+    imports = ImportJobs(data_dir, functools.partial(which_boots, data_dir, config.cache_dir))
+    dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker, images=imports))
     app = server_app(ServerContext(stores, rigs, dispatcher, signer))
 
     hyper = http_config(config.host, config.port)
@@ -361,6 +376,7 @@ async def _serve(
     async with trio.open_nursery() as nursery:
         await nursery.start(snapshots.run)
         await nursery.start(rigs.run)
+        await nursery.start(imports.run)
         if accel is not None:
             # Unpack the default image now, so the first rig.open does not wait for it.
             nursery.start_soon(_warm_pack, backend)

@@ -12,10 +12,12 @@ import trio
 from netgate.broker import SecretStore
 from rigd import __version__
 from rigd.errors import FieldError, NotFound
+from rigd.images.importer import check_source, normalise_sha256
 from rigd.model import BUILT_SURFACES
 from rigd.params import RigRef, ident, integer, no_extra, obj, string
 from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
+from rigd.server.imports import ImportJobs, listing
 from rigd.server.rpc import Method
 from rigd.store.aio import Stores
 from rigd.store.server_db import CLIPBOARD_CHOICES
@@ -24,10 +26,13 @@ from rigd.tools import Tools
 
 #: How long ``clipboard.grant`` allows a person's crossings on one rig.
 CLIPBOARD_GRANT_S = 600
+#: The longest ``source`` ``image.import`` takes (a path or a URL).
+IMPORT_SOURCE_MAX = 4096
 
 
 def build_methods(
-    stores: Stores, rigs: RigManager, signer: Any, base_url: list[str], broker: SecretStore | None = None
+    stores: Stores, rigs: RigManager, signer: Any, base_url: list[str], broker: SecretStore | None = None,
+    *, images: ImportJobs | None = None,
 ) -> dict[str, Method]:
     server = stores.server
     api = RigApi(rigs)
@@ -247,6 +252,48 @@ def build_methods(
         await stores.run(server.grant_clipboard, caller.user.id, rig_id, until)
         return {"rigId": rig_id, "until": iso(datetime.fromtimestamp(until, UTC))}
 
+    async def clipboard_policy_list(caller: Caller, raw: object) -> list[dict[str, Any]]:
+        """Every person's clipboard choices (admins): defaults for those who never chose."""
+        no_extra(obj(raw), set())
+        rows = await stores.run(server.clipboard_policies, time.time())
+        return [{"user": {"id": user.id, "name": user.name}, **policy.to_json(), "updatedAt": updated}
+                for user, policy, updated in rows]
+
+    def _imports() -> ImportJobs:
+        if images is None:
+            raise FieldError("method", "this server runs no image imports")
+        return images
+
+    async def image_import(caller: Caller, raw: object) -> dict[str, Any]:
+        """Start importing a desktop image in the background; answers at once with the job."""
+        params = obj(raw)
+        no_extra(params, {"source", "sha256"})
+        jobs = _imports()
+        source = string(params, "source", max_len=IMPORT_SOURCE_MAX)
+        if source != source.strip() or not source.isprintable():
+            raise FieldError("source", "must be a path or URL without surrounding spaces or control "
+                                       "characters")
+        sha = normalise_sha256(string(params, "sha256", max_len=80))
+        await trio.to_thread.run_sync(check_source, source)
+        return jobs.start(source, sha).to_json()
+
+    def _import_id(raw: object) -> str:
+        params = obj(raw)
+        no_extra(params, {"importId"})
+        return ident(params, "importId")
+
+    async def image_import_status(caller: Caller, raw: object) -> dict[str, Any]:
+        return _imports().get(_import_id(raw)).to_json()
+
+    async def image_import_cancel(caller: Caller, raw: object) -> dict[str, Any]:
+        job = await _imports().cancel(_import_id(raw))
+        return job.to_json()
+
+    async def image_list(caller: Caller, raw: object) -> list[dict[str, Any]]:
+        """Every imported desktop image; ``boots`` marks the one computer rigs boot."""
+        no_extra(obj(raw), set())
+        return listing(await trio.to_thread.run_sync(_imports().listing))
+
     def rig_method(name: str) -> Method:
         """A rig method: its parameters parsed into typed values here, at the edge."""
         return Method(functools.partial(api.call, name))
@@ -264,6 +311,11 @@ def build_methods(
         "clipboard.policy.get": Method(clipboard_policy_get),
         "clipboard.policy.set": Method(clipboard_policy_set),
         "clipboard.grant": Method(clipboard_grant),
+        "clipboard.policy.list": Method(clipboard_policy_list, admin=True),
+        "image.import": Method(image_import, admin=True),
+        "image.importStatus": Method(image_import_status, admin=True),
+        "image.importCancel": Method(image_import_cancel, admin=True),
+        "image.list": Method(image_list),
         "rig.control": rig_method("rig.control"),
         "rig.egress": rig_method("rig.egress"),
         "secret.set": Method(secret_set),

@@ -390,6 +390,28 @@ class ServerDB:
             )
         return self.clipboard_policy(user_id, now)
 
+    def clipboard_policies(self, now: float) -> list[tuple[User, ClipboardPolicy, str | None]]:
+        """Every person's clipboard choices (defaults for those who never chose), by name,
+        with when they last chose (None: never)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT u.*, p.host_to_rig, p.rig_to_host, p.updated_at FROM users u "
+                "LEFT JOIN clipboard_policy p ON p.user_id = u.id WHERE u.kind = 'person' ORDER BY u.name"
+            ).fetchall()
+            grants = self._conn.execute(
+                "SELECT user_id, rig_id, until_epoch FROM clipboard_grants WHERE until_epoch > ? "
+                "ORDER BY rig_id", (now,),
+            ).fetchall()
+        by_user: dict[str, list[tuple[str, float]]] = {}
+        for g in grants:
+            by_user.setdefault(g["user_id"], []).append((g["rig_id"], float(g["until_epoch"])))
+        return [
+            (_user(r), ClipboardPolicy(r["host_to_rig"] or DEFAULT_HOST_TO_RIG,
+                                       r["rig_to_host"] or DEFAULT_RIG_TO_HOST,
+                                       tuple(by_user.get(r["id"], ()))), r["updated_at"])
+            for r in rows
+        ]
+
     def grant_clipboard(self, user_id: str, rig_id: str, until: float) -> None:
         with self._lock:
             self._conn.execute(

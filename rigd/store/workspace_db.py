@@ -290,12 +290,22 @@ class WorkspaceDB:
             )
         return int(cur.rowcount)
 
-    def actions(self, rig_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[ActionRow]:
+    def actions(self, rig_id: str, *, after_seq: int = 0, limit: int = 1000,
+                before_seq: int | None = None) -> list[ActionRow]:
+        """Rows after ``after_seq``, oldest first; with ``before_seq``, the newest rows
+        before it (and after ``after_seq``), newest first. Seqs run 1, 2, 3… per rig."""
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT * FROM rig_action_log WHERE rig_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (rig_id, after_seq, limit),
-            ).fetchall()
+            if before_seq is None:
+                rows = self._conn.execute(
+                    "SELECT * FROM rig_action_log WHERE rig_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    (rig_id, after_seq, limit),
+                ).fetchall()
+            else:
+                rows = self._conn.execute(
+                    "SELECT * FROM rig_action_log WHERE rig_id = ? AND seq > ? AND seq < ? "
+                    "ORDER BY seq DESC LIMIT ?",
+                    (rig_id, after_seq, before_seq, limit),
+                ).fetchall()
         return [
             ActionRow(
                 r["rig_id"], r["seq"], r["at"], r["actor_kind"], r["actor_id"], r["tool"],
