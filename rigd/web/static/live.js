@@ -25,6 +25,7 @@ export class LiveView {
     this.disposed = false;
     this.pendingMove = null;
     this.held = new Set();
+    this.texted = new Set();
     this.bind();
     this.open();
   }
@@ -161,18 +162,25 @@ export class LiveView {
 
   key(ev, down) {
     if (!this.control) return;
-    const keysym = keysymOf(ev.code);
     // ctrl/cmd+v: let the browser's paste event carry this computer's
     // clipboard to the rig first (paste() then presses v).
     if ((ev.ctrlKey || ev.metaKey) && ev.code === "KeyV") return;
     if (ev.code === "Tab" && ev.shiftKey && ev.ctrlKey) return; // leave a way out of the canvas
     ev.preventDefault();
-    if (keysym) {
-      if (down) this.held.add(keysym); else this.held.delete(keysym);
-      this.send({ type: "key", key: keysym, down });
-    } else if (down && ev.key && ev.key.length === 1) {
-      this.send({ type: "text", text: ev.key });
+    // A printable character without ctrl/alt/meta goes as text: the rig types
+    // that character (shifted or on a spare key as needed), whatever this
+    // computer's layout. Everything else is a physical key, so shortcuts,
+    // arrows and held modifiers arrive as keys.
+    const printable = ev.key && [...ev.key].length === 1 && !ev.ctrlKey && !ev.altKey && !ev.metaKey;
+    if (printable || this.texted.has(ev.code)) {
+      if (down && printable) { this.texted.add(ev.code); this.send({ type: "text", text: ev.key }); }
+      if (!down) this.texted.delete(ev.code);
+      return;
     }
+    const keysym = keysymOf(ev.code);
+    if (!keysym || ev.code === "CapsLock") return;
+    if (down) this.held.add(keysym); else this.held.delete(keysym);
+    this.send({ type: "key", key: keysym, down });
   }
 
   async paste(ev) {

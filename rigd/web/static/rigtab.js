@@ -279,16 +279,15 @@ export class RigTab {
   }
 
   async loadLog(older) {
+    // Newest first: a page is the rows before a seq; seqs run 1, 2, 3… with
+    // no gaps, so a page whose last row is above 1 has older rows.
     try {
-      const params = { rigId: this.rigId, limit: LOG_PAGE };
-      if (older && this.oldest) params.beforeSeq = this.oldest;
-      const page = await call("rig.log", params);
-      const rows = Array.isArray(page) ? page : page.actions;
-      const more = Array.isArray(page) ? rows.length >= LOG_PAGE : page.more;
+      const before = older && this.oldest ? this.oldest : Number.MAX_SAFE_INTEGER;
+      const rows = await call("rig.log", { rigId: this.rigId, beforeSeq: before, limit: LOG_PAGE });
       if (!older) replace(this.logBody);
       for (const r of rows) this.logBody.append(logRow(r));
       if (rows.length) this.oldest = rows[rows.length - 1].seq;
-      this.logMore.hidden = !more;
+      this.logMore.hidden = !(rows.length && rows[rows.length - 1].seq > 1);
       if (!older && !rows.length) this.logBody.append(h("tr", {}, h("td", { colspan: 7 }, "Nothing logged yet.")));
     } catch (e) { announce(this.status, describe(e), "error"); }
   }

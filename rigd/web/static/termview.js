@@ -19,8 +19,8 @@ export class TermView {
     this.disposed = false;
     this.term.onData((s) => { if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(this.encoder.encode(s)); });
     this.term.onResize((cols, rows) => this.sendSize(cols, rows));
-    this.onWindow = () => this.term.fit();
-    window.addEventListener("resize", this.onWindow);
+    this.fitter = new ResizeObserver(() => this.term.fit());
+    this.fitter.observe(this.box);
     this.box.addEventListener("dragover", (ev) => ev.preventDefault());
     this.box.addEventListener("drop", (ev) => {
       ev.preventDefault();
@@ -34,7 +34,7 @@ export class TermView {
 
   dispose() {
     this.disposed = true;
-    window.removeEventListener("resize", this.onWindow);
+    this.fitter.disconnect();
     if (this.ws) this.ws.close();
     this.term.dispose();
   }
