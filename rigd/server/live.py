@@ -160,14 +160,14 @@ async def changed_frames(machine: Machine, tick: Callable[[], None]) -> AsyncGen
     Use it under ``contextlib.aclosing``: leaving ends the agent's watch.
     """
     if not isinstance(machine, LiveScreen):
-        async for frame in _polled(machine, tick, 0):
+        async for frame in polled_frames(machine, tick, 0):
             yield frame
         return
     grabs = 0
     while True:
         async with machine.open_changes() as changes:
             if changes is None:
-                async for frame in _polled(machine, tick, grabs):
+                async for frame in polled_frames(machine, tick, grabs):
                     yield frame
                 return
             last = b""
@@ -198,8 +198,9 @@ async def changed_frames(machine: Machine, tick: Callable[[], None]) -> AsyncGen
         await trio.sleep(1.0)
 
 
-async def _polled(machine: Machine, tick: Callable[[], None], grabs: int) -> AsyncGenerator[LiveFrame, None]:
-    """The screen polled: an agent without change notices (older images)."""
+async def polled_frames(machine: Machine, tick: Callable[[], None], grabs: int) -> AsyncGenerator[LiveFrame, None]:
+    """The screen polled (agents without change notices: older images; the
+    loop every view ran before them, kept as the bench's "before" peer)."""
     last = b""
     while True:
         tick()
@@ -290,4 +291,4 @@ def plan_input(msg: dict[str, Any], display: tuple[int, int]) -> tuple[list[qin.
     raise FieldError("type", "must be move, button, wheel, key, text or ping")
 
 
-__all__ = ["LiveFrame", "changed_frames", "frame_fields", "plan_input", "serve_live"]
+__all__ = ["LiveFrame", "changed_frames", "frame_fields", "plan_input", "polled_frames", "serve_live"]
