@@ -498,8 +498,15 @@ class DesktopDriver:
             if isinstance(notice, DamageNotice):
                 changes.damage(notice.rects)
 
-        pending = await chan.send("damage_watch", timeout=self.m.grace, on_stream=on_stream,
-                                  on_reply=changes.end, maxRate=DAMAGE_RATE)
+        try:
+            pending = await chan.send("damage_watch", timeout=self.m.grace, on_stream=on_stream,
+                                      on_reply=changes.end, maxRate=DAMAGE_RATE)
+        except GuestError:
+            # The channel is down (the agent restarting): an ended watch, so
+            # the view grabs once and asks again a second later.
+            changes.end()
+            yield changes
+            return
         self._watchers.add(changes)
         try:
             yield changes

@@ -64,6 +64,10 @@ MIN_FRAME_INTERVAL_S = 1 / 30
 POLL_INTERVAL_S = 0.05
 #: How long an unchanged screen is re-checked (polling only).
 IDLE_INTERVAL_S = 0.25
+#: A change watch that ends within this long of opening, this many times in a row,
+#: is given up for the view's life: it polls instead.
+WATCH_SHORT_S = 5.0
+WATCH_RETRIES = 3
 LIVE_QUALITY = 70
 MAX_TEXT = 4096
 
@@ -164,7 +168,14 @@ async def changed_frames(machine: Machine, tick: Callable[[], None]) -> AsyncGen
             yield frame
         return
     grabs = 0
+    short_lived = 0
     while True:
+        opened = trio.current_time()
+        if short_lived >= WATCH_RETRIES:
+            # The watch keeps ending at once (an X server without DAMAGE refuses it): poll.
+            async for frame in polled_frames(machine, tick, grabs):
+                yield frame
+            return
         async with machine.open_changes() as changes:
             if changes is None:
                 async for frame in polled_frames(machine, tick, grabs):
@@ -195,10 +206,13 @@ async def changed_frames(machine: Machine, tick: Callable[[], None]) -> AsyncGen
                 if change is None:
                     break  # the watch ended (agent or X restarted): open another
                 trigger = "+".join(sorted(change.why))
+        short_lived = short_lived + 1 if trio.current_time() - opened < WATCH_SHORT_S else 0
         await trio.sleep(1.0)
 
 
-async def polled_frames(machine: Machine, tick: Callable[[], None], grabs: int) -> AsyncGenerator[LiveFrame, None]:
+async def polled_frames(
+    machine: Machine, tick: Callable[[], None], grabs: int
+) -> AsyncGenerator[LiveFrame, None]:
     """The screen polled (agents without change notices: older images; the
     loop every view ran before them, kept as the bench's "before" peer)."""
     last = b""

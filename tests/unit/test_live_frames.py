@@ -150,6 +150,26 @@ async def test_an_ended_watch_is_opened_again(autojump_clock: trio.testing.MockC
         nursery.cancel_scope.cancel()
 
 
+async def test_a_watch_that_keeps_ending_at_once_gives_way_to_polling(
+        autojump_clock: trio.testing.MockClock) -> None:
+    m = desktop(notices=True)
+    v = Viewer(m)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(v.run)
+        ended: list[Changes] = []
+        for _ in range(3):  # refused, as by an X server without DAMAGE
+            while not m.watchers or m.watchers[0] in ended:
+                await trio.sleep(0.1)
+            ended.append(m.watchers[0])
+            m.watchers[0].end()
+        await trio.sleep(5)
+        assert m.watchers == []  # given up: no fourth watch
+        m.version += 1  # the screen changes; only polling can see it now
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert v.frames[-1][1].trigger == "poll"
+
+
 async def test_without_notices_the_screen_is_polled(autojump_clock: trio.testing.MockClock) -> None:
     m = desktop(notices=False)  # the fake's screen is new at every grab
     v = Viewer(m)
