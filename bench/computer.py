@@ -15,7 +15,10 @@ measured on the same machine, at the same moment, through the same sockets.
     sandboxes do). "Visible" is when an X client in the guest has the event
     and has repainted its window: a python-xlib window repaints and prints a
     line, which arrives on the host as exec output. Ratio rigd / peer.
-(3) **Live view fps** while an X client in the guest moves a window across
+(3) **The live lane per frame**: QMP ``screendump`` to PPM, pointer marked,
+    JPEG encoded on the host (what the live view measured fastest under
+    TCG) against the same peer as (1). Ratio rigd / peer.
+(4) **Live view fps** while an X client in the guest moves a window across
     the screen (python-xlib, ~30 moves a second; the moves it managed are
     printed too): frames per second the live view's frame loop yields at the
     person's full size — rigd's (:func:`rigd.server.live.changed_frames`:
@@ -24,9 +27,6 @@ measured on the same machine, at the same moment, through the same sockets.
     :func:`rigd.server.live.polled_frames`: the agent's grab polled, sha256
     compared). Then the screen is left idle: rigd's grabs while idle (the
     goal is none).
-(4) **The live lane per frame**: QMP ``screendump`` to PPM, pointer marked,
-    JPEG encoded on the host (what the live view measured fastest under
-    TCG) against the same peer as (1). Ratio rigd / peer.
 
 A missed expectation is printed as measured, never tuned away. The QEMU is
 stopped by the backend on the way out (QMP quit, then SIGTERM, then SIGKILL
@@ -253,7 +253,7 @@ async def bench_live(m: QemuMachine, seconds: float) -> tuple[float, float]:
     idle_grabs: list[int] = []
     t0 = time.perf_counter()
     _frame, lane = await m.live_still(max_w=2560, max_h=1600, quality=70)
-    print(f"(3) the live lane, measured once per machine at its first view's first frames "
+    print(f"(4) the live lane, measured once per machine at its first view's first frames "
           f"({time.perf_counter() - t0:.1f} s): {lane.source}; {lane.why}")
     for name, loop in (("before", polled_frames), ("rigd", changed_frames)):
         sizes: set[tuple[int, int]] = set()
@@ -298,7 +298,7 @@ async def bench_live(m: QemuMachine, seconds: float) -> tuple[float, float]:
         results[name] = fps
         label = ("before: the old loop (agent grab polled, sha256 compared)" if name == "before"
                  else "rigd: on X damage, the measured lane")
-        print(f"(3) live view, {label}: {fps:.2f} fps, {grabs[0]} grabs "
+        print(f"(4) live view, {label}: {fps:.2f} fps, {grabs[0]} grabs "
               f"(window moved {moves}/s; frames {sorted(sizes)}, source {sorted(sources)})")
         for why in sorted(lanes):
             print(f"    lane: {why}")
@@ -328,7 +328,7 @@ async def bench_lane(m: QemuMachine, rounds: int) -> tuple[float, float]:
                 await trio.Path(path).unlink()
                 assert data[:8] == b"\x89PNG\r\n\x1a\n"
                 peer.append(time.perf_counter() - t0)
-    print(f"(4) live lane: screendump PPM + pointer mark + host JPEG: {_ms(ours)}")
+    print(f"(3) live lane: screendump PPM + pointer mark + host JPEG: {_ms(ours)}")
     print(f"    peer: QMP screendump (PNG file, read by the host):  {_ms(peer)}")
     return statistics.median(ours), statistics.median(peer)
 
