@@ -598,7 +598,7 @@ SESSION_ENV_FILE = "/etc/rigd/session.env"
 SESSION_KEYS = ("DISPLAY", "XAUTHORITY")  # taken from the agent's own environment too
 DESKTOP_FEATURES = (
     "screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env",
-    "clipboard_image", "clipboard_files", "keymap",
+    "clipboard_image", "clipboard_files", "keymap", "damage",
 )  # fmt: skip
 FEATURES = ("files",)  # both protocols, standard library only
 NO_DISPLAY = "no display: this rig has no X session"
@@ -619,6 +619,10 @@ URI_TARGETS = ("text/uri-list",)
 MAX_TARGETS = 64  # TARGETS names reported, each at most MAX_TARGET_LEN characters
 MAX_TARGET_LEN = 128
 KEYMAP_MAX_BIND = 32
+DAMAGE_RATE_DEFAULT = 30  # notices per second at most, per watch (the host may ask 1-60)
+DAMAGE_RATE_MAX = 60
+DAMAGE_MAX_RECTS = 16  # per notice; more are merged into their bounding box
+DAMAGE_MAX_WATCHES = 8  # watches at once (one per live view on the host)
 KEYSYM_MAX = 0x1FFFFFF
 SELECTION_TIMEOUT_S = 3.0
 XRANDR_TIMEOUT_S = 20.0
@@ -725,6 +729,46 @@ def fit_size(width: int, height: int, max_w: int, max_h: int) -> tuple[int, int,
     image_w = max(1, min(max_w, round(width / scale)))
     image_h = max(1, min(max_h, round(height / scale)))
     return image_w, image_h, scale
+
+
+def coalesce_rects(
+    rects: list[tuple[int, int, int, int]], width: int, height: int, limit: int = DAMAGE_MAX_RECTS
+) -> list[list[int]]:
+    """Damaged ``(x, y, w, h)`` rectangles, clipped to the screen, as at most
+    ``limit`` ``[x, y, w, h]`` lists: duplicates and rectangles inside another
+    are dropped, and when more remain they become their one bounding box."""
+    clipped: list[tuple[int, int, int, int]] = []
+    for x, y, w, h in rects:
+        x0, y0 = max(0, x), max(0, y)
+        x1, y1 = min(width, x + w), min(height, y + h)
+        if x1 > x0 and y1 > y0:
+            clipped.append((x0, y0, x1, y1))
+    kept: list[tuple[int, int, int, int]] = []
+    for r in sorted(set(clipped), key=lambda r: (r[0] - r[2]) * (r[3] - r[1])):  # biggest first
+        if not any(k[0] <= r[0] and k[1] <= r[1] and k[2] >= r[2] and k[3] >= r[3] for k in kept):
+            kept.append(r)
+    if len(kept) > limit:
+        kept = [(min(k[0] for k in kept), min(k[1] for k in kept),
+                 max(k[2] for k in kept), max(k[3] for k in kept))]  # fmt: skip
+    return [[x0, y0, x1 - x0, y1 - y0] for x0, y0, x1, y1 in kept]
+
+
+class DamageWatch:
+    """One ``damage_watch``: stopped by ``damage_stop`` (or the agent's end);
+    a pipe wakes its thread from ``select``."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.wake_r, self.wake_w = os.pipe()
+
+    def cancel(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"x")
+
+    def close(self) -> None:
+        for fd in (self.wake_r, self.wake_w):
+            close_quietly(fd)
 
 
 #: The cursor mark: magenta with a black rim, readable on any background.
@@ -901,6 +945,7 @@ class Desktop:
             "clipboard_image": bool(self.xclip) and self.has_xlib,
             "clipboard_files": bool(self.xclip) and self.has_xlib,
             "keymap": self.has_xlib,
+            "damage": self.has_xlib,
         }
         return [f for f in DESKTOP_FEATURES if have[f]]
 
@@ -942,7 +987,7 @@ class Desktop:
             missing = {"screen": "python3-pil", "cursor": "python3-xlib", "display": "xrandr",
                        "set_display": "xrandr", "clipboard_read": "python3-xlib", "clipboard_write": xclip,
                        "clipboard_image": xclip, "clipboard_files": xclip, "keymap": "python3-xlib",
-                       }.get(feature, feature)  # fmt: skip
+                       "damage": "python3-xlib"}.get(feature, feature)  # fmt: skip
             raise Refused(f"no display support for {feature}: the image lacks {missing}")
 
     def _connect(self) -> Any:
@@ -1025,6 +1070,79 @@ class Desktop:
             return Image.frombytes("RGB", (g.width, g.height), raw.data, "raw", "BGRX")
 
         return self.x(q)
+
+    # ---- change notices (X DAMAGE)
+
+    def watch_damage(self, watch: DamageWatch, rate: int, notify: Callable[[dict[str, Any]], bool]) -> int:
+        """Tell ``notify`` where the screen changed, at most ``rate`` times a
+        second, until ``watch`` is stopped; returns the notices sent.
+
+        A DAMAGE object on the root (delta rectangles: an event only when the
+        damaged region grows) on a connection of its own; the region is
+        emptied (DamageSubtract) when a notice goes out, so the next drawing
+        reports again. Between notices the rectangles are gathered, so a
+        screen that changes all the time costs ``rate`` lines a second, and
+        an idle one costs nothing. The pointer is not drawn into the screen
+        (no damage): the host knows where it moves it."""
+        try:
+            import select
+
+            from Xlib.ext import damage
+        except ImportError:
+            raise Refused("no display support for damage: the image lacks python3-xlib") from None
+        d = self._connect()
+        try:
+            if not d.has_extension("DAMAGE"):
+                raise Refused("no display support for damage: the X server has no DAMAGE extension")
+            d.damage_query_version()
+            notify_code = d.query_extension("DAMAGE").first_event + damage.DamageNotifyCode
+            root = d.screen().root
+            dmg = root.damage_create(damage.DamageReportDeltaRectangles)
+            d.flush()
+            interval = 1.0 / rate
+            pending: list[tuple[int, int, int, int]] = []
+            last = 0.0
+            sent = 0
+            fd = d.fileno()
+            while not watch.stop.is_set():
+                while d.pending_events():
+                    ev = d.next_event()
+                    if ev.type == notify_code:
+                        a = ev.area
+                        pending.append((int(a.x), int(a.y), int(a.width), int(a.height)))
+                        if len(pending) > 4 * DAMAGE_MAX_RECTS:  # a flood: keep it small
+                            g = ev.drawable_geometry
+                            pending = [tuple(r) for r in coalesce_rects(pending, g.width, g.height)]  # type: ignore[misc]
+                now = time.monotonic()
+                if pending and now - last >= interval:
+                    d.damage_subtract(dmg)
+                    g = root.get_geometry()
+                    p = root.query_pointer()
+                    body = {"rects": coalesce_rects(pending, int(g.width), int(g.height)),
+                            "cursor": [int(p.root_x), int(p.root_y)],
+                            "width": int(g.width), "height": int(g.height)}  # fmt: skip
+                    pending = []
+                    last = now
+                    if body["rects"]:
+                        if not notify(body):
+                            break  # the channel is gone
+                        sent += 1
+                    continue
+                wait = None if not pending else max(0.0, interval - (now - last))
+                ready, _, _ = select.select([fd, watch.wake_r], [], [], wait)
+                if watch.wake_r in ready:
+                    break
+            with contextlib.suppress(Exception):
+                d.damage_destroy(dmg)
+                d.flush()
+            return sent
+        except Refused:
+            raise
+        except Exception as exc:  # the X server went away (lightdm restarted it)
+            raise Refused(f"display not ready: {_x_error_text(exc)}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                d.close()
 
     # ---- xrandr
 
@@ -1274,6 +1392,7 @@ class Agent:
         self.reads: dict[int, FileRead] = {}  # file_read request id -> its flow control
         self.shutting_down = False
         self.workers: set[threading.Thread] = set()
+        self.watches: dict[int, DamageWatch] = {}  # damage_watch request id -> its watch
         self.inline: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "ping": self.op_ping,
             "hello": self.op_hello,
@@ -1287,6 +1406,7 @@ class Agent:
             "file_abort": self.op_file_abort,
             "file_ack": self.op_file_ack,
             "file_read_cancel": self.op_file_read_cancel,
+            "damage_stop": self.op_damage_stop,
         }
         self.threaded: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "exec": self.op_exec,
@@ -1304,6 +1424,7 @@ class Agent:
             "clipboard_read": self.op_clipboard_read,
             "clipboard_write": self.op_clipboard_write,
             "keymap_bind": self.op_keymap_bind,
+            "damage_watch": self.op_damage_watch,
         }
 
     def features(self) -> list[str]:
@@ -2022,6 +2143,32 @@ class Agent:
         bound, per = desk.bind_keys(pairs)
         self.ok(rid, bound=bound, keysymsPerKeycode=per)
 
+    def op_damage_watch(self, rid: int, req: dict[str, Any]) -> None:
+        rate = field_int(req, "maxRate", default=DAMAGE_RATE_DEFAULT, lo=1, hi=DAMAGE_RATE_MAX)
+        assert rate is not None
+        desk = self.need_desktop("damage")
+        watch = DamageWatch()
+        try:
+            with self.lock:
+                if len(self.watches) >= DAMAGE_MAX_WATCHES:
+                    raise Refused(f"at most {DAMAGE_MAX_WATCHES} damage watches at once")
+                self.watches[rid] = watch
+            sent = desk.watch_damage(
+                watch, rate, lambda body: self.chan.send({"id": rid, "ev": "damage", **body}))
+        finally:
+            with self.lock:
+                self.watches.pop(rid, None)
+            watch.close()
+        self.ok(rid, notices=sent)
+
+    def op_damage_stop(self, rid: int, req: dict[str, Any]) -> None:
+        wid = field_int(req, "watch", required=True)
+        with self.lock:
+            watch = self.watches.get(wid)  # type: ignore[arg-type]
+        if watch is not None:
+            watch.cancel()
+        self.ok(rid, stopped=watch is not None)
+
     # ---- files: drops (file_put_*, file_commit, file_abort)
 
     def op_file_put_open(self, rid: int, req: dict[str, Any]) -> None:
@@ -2381,6 +2528,10 @@ class Agent:
     def finish(self, grace: float) -> None:
         """The host hung up: kill what runs, let in-flight requests answer, briefly."""
         self.terminate_children()
+        with self.lock:
+            watches = list(self.watches.values())
+        for watch in watches:
+            watch.cancel()
         with self.files_lock:
             reads = list(self.reads.values())
         for state in reads:

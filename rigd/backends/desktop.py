@@ -15,6 +15,14 @@ desktop adds:
   and encodes in the guest; when the agent is absent or older, QMP
   ``screendump`` writes the framebuffer as PNG and the host scales and
   encodes it (:mod:`rigd.frames`).
+- **The live view's frames from the lane measured fastest** on this
+  machine: at a view's first frames the agent's grab is timed against QMP
+  ``screendump`` to PPM (raw pixels) with the pointer marked and the JPEG
+  encoded on the host; the faster one serves every view of the machine
+  (:meth:`DesktopDriver.live_still`). Under TCG the host lane wins by ~10x:
+  the guest's grab and encode run emulated. A view grabs only on a change
+  notice: the agent's X DAMAGE watch (``damage_watch``), or a pointer move
+  the host sent (:meth:`DesktopDriver.open_changes`).
 - **Every character is typed through the hypervisor**, in order: the US map
   as keys (``\\n`` is Return, ``\\t`` Tab), any other character (``é``,
   ``世``) on a spare keycode the agent binds to its keysym (``keymap_bind``,
@@ -41,7 +49,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -60,12 +68,12 @@ from rigd.backends.qemu import QemuConfig
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
 from rigd.backends.warm import SnapshotService
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
-from rigd.frames import Still, encode_still
+from rigd.frames import Changes, Lane, Still, encode_still
 from rigd.framing import untrusted_bytes
 from rigd.images.importer import ImportedImage
 from rigd.model import AGENT_STILL_MAX, BACKEND_OF, Accel, Backend, Surface
 from rigd.protocols import input as qin
-from rigd.protocols.guest import PROTO_DESKTOP, Stream
+from rigd.protocols.guest import PROTO_DESKTOP, DamageNotice, Stream
 from rigd.verbs import computer as cv
 from rigd.verbs.keys import KeyCombo
 
@@ -96,6 +104,10 @@ KEYBOARD = "virtio"
 #: How long after a paste key the text must stay the selection's (the client
 #: asks the owner for it asynchronously).
 PASTE_SETTLE_S = 0.3
+#: The most damage notices per second a live view asks of the agent.
+DAMAGE_RATE = 30
+#: Grabs per lane timed at a machine's first live frames.
+LANE_TRIALS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +225,11 @@ class DesktopDriver:
         #: The agent's ``ready`` count when the keymap was last used: a restarted
         #: agent may come with a restarted X server, whose map is its own again.
         self._keymap_agent: int | None = None
+        #: The live views' change notices (pointer moves the host sends wake them).
+        self._watchers: set[Changes] = set()
+        #: The live view's lane, measured at the first live frames of this machine.
+        self.live_lane: Lane | None = None
+        self._lane_lock = trio.Lock()
         #: Verb -> handler: the dispatch table (a test proves it covers every computer_use verb).
         self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             "screenshot": self._do_screenshot, "cursor_position": self._do_cursor_position,
@@ -304,6 +321,27 @@ class DesktopDriver:
             if self.m.qmp is None:
                 raise BackendError("the machine is not running")
             await self.m.qmp.execute("input-send-event", {"events": step}, timeout=self.m.grace)
+            self._note_pointer(step)
+
+    def _note_pointer(self, events: Sequence[dict[str, Any]]) -> None:
+        """Follow absolute moves (whoever sent them: a verb or a person's live
+        view), so the host lane marks the pointer where it is, and wake the
+        live views: a pointer move damages nothing in X."""
+        x, y = self.pointer
+        moved = False
+        w, h = self.display
+        for event in events:
+            data = event.get("data") if event.get("type") == "abs" else None
+            if isinstance(data, dict) and _is_int(data.get("value")):
+                value = data["value"]
+                if data.get("axis") == "x":
+                    x, moved = min(w - 1, value * (w - 1) // qin.AXIS_MAX), True
+                elif data.get("axis") == "y":
+                    y, moved = min(h - 1, value * (h - 1) // qin.AXIS_MAX), True
+        if moved:
+            self.pointer = (x, y)
+            for changes in self._watchers:
+                changes.pointer()
 
     def can_bind_keys(self) -> bool:
         """Whether characters outside the US map can be typed (agent ``keymap``, spare keys)."""
@@ -420,21 +458,113 @@ class DesktopDriver:
         still = Still(data, media, dw, dh, iw, ih, float(scale))
         return Frame(still, "agent", point, body.get("cursorMarked") is True)
 
-    async def _qmp_still(self, max_w: int, max_h: int, fmt: str, quality: int) -> Still:
+    async def _qmp_still(self, max_w: int, max_h: int, fmt: str, quality: int, *,
+                         dump: str = "png", cursor: tuple[int, int] | None = None) -> Still:
+        """QMP ``screendump`` (``dump``: png, or ppm — raw, far cheaper for QEMU
+        to write), scaled, marked at ``cursor`` and encoded on the host."""
         if self.m.qmp is None:
             raise BackendError("the machine is not running")
-        path = self.m.rig_dir / f"frame-{trio.current_time():.6f}.png"
+        path = self.m.rig_dir / f"frame-{trio.current_time():.6f}.{dump}"
         try:
-            await self.m.qmp.execute("screendump", {"filename": str(path), "format": "png"},
+            await self.m.qmp.execute("screendump", {"filename": str(path), "format": dump},
                                    timeout=30 + self.m.grace)
-            png = await trio.Path(path).read_bytes()
+            raw = await trio.Path(path).read_bytes()
         finally:
             await trio.Path(path).unlink(missing_ok=True)
+        if len(raw) > MAX_STILL_BYTES * 4:  # a 16384x16384 PPM is 768 MB; QEMU's displays stop far below
+            raise BackendError(f"QEMU's screendump is {len(raw)} bytes")
         still = await trio.to_thread.run_sync(
-            lambda: encode_still(png, max_w=max_w, max_h=max_h, fmt=fmt, quality=quality)
+            lambda: encode_still(raw, max_w=max_w, max_h=max_h, fmt=fmt, quality=quality, cursor=cursor)
         )
         self.display = (still.display_w, still.display_h)
         return still
+
+    # -- the live view ---------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def open_changes(self) -> AsyncIterator[Changes | None]:
+        """Change notices for one live view: the agent's X DAMAGE watch (a
+        ``damage_watch`` request that streams ``damage`` events until
+        ``damage_stop``) and the pointer moves the host sends. None when the
+        agent has no ``damage`` feature: the view polls, as before."""
+        if not self._agent_has("damage"):
+            yield None
+            return
+        changes = Changes()
+        chan = self.m.channel()
+
+        def on_stream(event: Stream) -> None:
+            notice = event.body.get("notice")
+            if isinstance(notice, DamageNotice):
+                changes.damage(notice.rects)
+
+        try:
+            pending = await chan.send("damage_watch", timeout=self.m.grace, on_stream=on_stream,
+                                      on_reply=changes.end, maxRate=DAMAGE_RATE)
+        except GuestError:
+            # The channel is down (the agent restarting): an ended watch, so
+            # the view grabs once and asks again a second later.
+            changes.end()
+            yield changes
+            return
+        self._watchers.add(changes)
+        try:
+            yield changes
+        finally:
+            self._watchers.discard(changes)
+            answered = pending.answered
+            pending.forget()
+            if not answered:
+                with trio.CancelScope(shield=True), trio.move_on_after(self.m.grace), \
+                        contextlib.suppress(GuestError):
+                    await chan.request("damage_stop", timeout=self.m.grace, watch=pending.id)
+
+    async def live_still(self, *, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
+        """A still for a person's live view, the pointer marked, from the lane
+        measured fastest on this machine (measured once, at its first live frames)."""
+        if self.live_lane is None:
+            async with self._lane_lock:
+                if self.live_lane is None:
+                    return await self._measure_lanes(max_w, max_h, quality)
+        lane = self.live_lane
+        return await self._lane_still(lane.source, max_w, max_h, quality), lane
+
+    async def _lane_still(self, source: str, max_w: int, max_h: int, quality: int) -> Frame:
+        if source == "agent":
+            try:
+                return await self._agent_still(max_w, max_h, "jpeg", quality, True)
+            except GuestRefused as exc:
+                self.m.log.info("agent screen refused; using QMP", extra={"reason": exc.reason[:200]})
+        still = await self._qmp_still(max_w, max_h, "jpeg", quality, dump="ppm", cursor=self.pointer)
+        return Frame(still, "qmp", self.pointer, True)
+
+    async def _measure_lanes(self, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
+        """Time each lane ``LANE_TRIALS`` times (interleaved), keep the faster.
+        Returns the last frame the winner grabbed (the view's first frame)."""
+        lanes = ["qmp", "agent"] if self._agent_has("screen") else ["qmp"]
+        times: dict[str, list[float]] = {lane: [] for lane in lanes}
+        last: dict[str, Frame] = {}
+        for _ in range(LANE_TRIALS if len(lanes) > 1 else 1):
+            for lane in lanes:
+                t0 = trio.current_time()
+                try:
+                    frame = await self._lane_still(lane, max_w, max_h, quality)
+                except GuestError:
+                    times.pop(lane, None)
+                    continue
+                if lane in times and frame.source == lane:
+                    times[lane].append(trio.current_time() - t0)
+                    last[lane] = frame
+        ms = {lane: round(1000 * sum(v) / len(v), 1) for lane, v in times.items() if v}
+        if not ms:
+            raise BackendError("no lane gave the live view a frame")
+        best = min(ms, key=lambda lane: ms[lane])
+        names = {"agent": "the agent's grab", "qmp": "QMP screendump (PPM) + host JPEG"}
+        others = ", ".join(f"{names[k]} {v} ms" for k, v in ms.items() if k != best)
+        why = f"measured: {names[best]} {ms[best]} ms per frame" + (f" vs {others}" if others else "")
+        self.live_lane = Lane(best, why, ms)
+        self.m.log.info("live view lane", extra={"lane": best, "measured_ms": ms})
+        return last[best], self.live_lane
 
     # -- the verbs ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
 from rigd.backends.lanes import MAX_FILE_BYTES, Clip, DropTarget, SavedFile
 from rigd.backends.recipe import TERMINAL_DROPS
 from rigd.errors import BackendError, FieldError
-from rigd.frames import Still
+from rigd.frames import Changes, Lane, Still
 from rigd.model import Accel, Backend, Surface
 from rigd.protocols.input import Step
 
@@ -134,6 +134,39 @@ class FakeDesktopMachine(FakeMachine):
     still_bytes: int = 48 * 1024
     grabs: int = 0
     plans: list[list[Step]] = field(default_factory=list)
+    #: Change notices (an agent with ``damage``): the screen then changes only
+    #: when a test calls :meth:`change`, and live views wait for notices.
+    notices: bool = False
+    #: The screen's content (bumped by :meth:`change`; the stills' words in notices mode).
+    version: int = 0
+    #: Open change subscriptions (live views).
+    watchers: list[Changes] = field(default_factory=list)
+    #: Seconds each live grab takes (a test of pacing sets it).
+    grab_s: float = 0.0
+
+    def change(self, rects: Sequence[tuple[int, int, int, int]] = ((0, 0, 10, 10),)) -> None:
+        """The screen changes: new content, and a damage notice to every live view."""
+        self.version += 1
+        for changes in self.watchers:
+            changes.damage(rects)
+
+    @asynccontextmanager
+    async def open_changes(self) -> AsyncIterator[Changes | None]:
+        if not self.notices:
+            yield None
+            return
+        changes = Changes()
+        self.watchers.append(changes)
+        try:
+            yield changes
+        finally:
+            self.watchers.remove(changes)
+
+    async def live_still(self, *, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
+        if self.grab_s:
+            await trio.sleep(self.grab_s)
+        frame = await self.still(max_w=max_w, max_h=max_h, quality=quality)
+        return frame, Lane("fake", "measured: the fake's only lane", {"fake": 0.0})
 
     @property
     def display(self) -> tuple[int, int] | None:
@@ -145,7 +178,8 @@ class FakeDesktopMachine(FakeMachine):
         self.grabs += 1
         w, h = self.screen
         scale = max(w / max_w, h / max_h, 1.0)
-        data = self.grabs.to_bytes(8, "big") * (self.still_bytes // 8)
+        word = self.version if self.notices else self.grabs
+        data = word.to_bytes(8, "big") * (self.still_bytes // 8)
         media = "image/png" if fmt == "png" else "image/jpeg"
         return Frame(Still(data, media, w, h, round(w / scale), round(h / scale), scale), "fake", None, False)
 

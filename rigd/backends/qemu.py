@@ -59,6 +59,7 @@ from rigd.backends.snapshot import (
     warm_starts_enabled,
 )
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
+from rigd.frames import Changes, Lane, LiveScreen
 from rigd.model import Accel
 from rigd.protocols.guest import Stream
 
@@ -486,6 +487,19 @@ class QemuMachine:
         return await self.driver.still(max_w=max_w, max_h=max_h, fmt=fmt, quality=quality,
                                        mark_cursor=mark_cursor)
 
+    def open_changes(self) -> contextlib.AbstractAsyncContextManager[Changes | None]:
+        """The live view's change notices (:class:`rigd.frames.LiveScreen`); None: poll."""
+        if isinstance(self.driver, LiveScreen):
+            return self.driver.open_changes()
+        return _no_changes()
+
+    async def live_still(self, *, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
+        """A live-view still from the driver's fastest lane (its only one, if it has no choice)."""
+        if isinstance(self.driver, LiveScreen):
+            return await self.driver.live_still(max_w=max_w, max_h=max_h, quality=quality)
+        frame = await self.still(max_w=max_w, max_h=max_h, quality=quality)
+        return frame, Lane(frame.source, "the machine's only lane", {})
+
     async def send_input(self, steps: Sequence[Step]) -> None:
         await self.driver.send_input(steps)
 
@@ -677,3 +691,8 @@ def _int_or_none(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
         return value
     return None
+
+
+@asynccontextmanager
+async def _no_changes() -> AsyncIterator[Changes | None]:
+    yield None

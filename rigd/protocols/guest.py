@@ -26,6 +26,13 @@ replies are plain :class:`Reply` bodies with checked shapes — ``screen``,
 or a clipboard text too big to sit in the reply line, in order, by offset.
 A ``ready`` of protocol 2 lists the agent's ``features``.
 
+Change notices (feature ``damage``): a ``damage_watch`` request stays in
+flight and streams ``damage`` events — where the screen changed, as at most
+:data:`MAX_DAMAGE_RECTS` rectangles inside the screen it names, and the
+pointer — until a ``damage_stop`` ends it. Each event is parsed into a
+:class:`DamageNotice` (``Stream.body["notice"]``); a bad rectangle makes the
+line garbage, never a notice.
+
 The lanes (files, rich clipboard, keymap) add, in both protocols, the file
 ops: a drop (``file_put_open``/``_data``/``_close``, ``file_commit``,
 ``file_abort``) and a read (``file_read``, which streams one ``meta`` event
@@ -51,6 +58,7 @@ __all__ = [
     "PROTO",
     "PROTO_DESKTOP",
     "AgentError",
+    "DamageNotice",
     "Event",
     "Garbage",
     "GuestProtocol",
@@ -71,6 +79,8 @@ MAX_TARGETS: Final = 64  # clipboard_read lists at most this many TARGETS...
 MAX_TARGET_LEN: Final = 128  # ...each at most this long
 MAX_FILE_NAME: Final = 1024  # characters of a file_read meta name (the guest's NAME_MAX is 255 bytes)
 MEDIA_TYPES: Final = ("text/plain", "text/uri-list", "image/png", "image/jpeg")
+MAX_DAMAGE_RECTS: Final = 64  # rectangles per damage notice (the agent sends at most 16)
+MAX_SCREEN: Final = 16384  # pixels per side of any screen a guest may describe
 _HEX: Final = frozenset("0123456789abcdef")
 _ABANDONED_MEMORY: Final = 4096  # how many abandoned request ids are remembered
 
@@ -120,6 +130,20 @@ class Stream:
     name: str
     body: Mapping[str, Any] = field(default_factory=dict)
     data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class DamageNotice:
+    """Where the screen changed (``Stream.body["notice"]`` of a ``damage`` event).
+
+    ``rects`` are ``(x, y, w, h)``, each non-empty and inside the
+    ``width``x``height`` screen; ``cursor`` is the pointer then, if inside it.
+    """
+
+    rects: tuple[tuple[int, int, int, int], ...]
+    width: int
+    height: int
+    cursor: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +388,8 @@ _REPLY_SHAPES: Final[Mapping[str, Mapping[str, tuple[_Check, str]]]] = {
         "bound": (_is_count, "a non-negative integer"),
         "keysymsPerKeycode": (_is_positive, "a positive integer"),
     },
+    "damage_watch": {"notices": (_is_count, "a non-negative integer")},
+    "damage_stop": {"stopped": (_is_bool, "a boolean")},
     # the file lanes (both protocols)
     "file_put_open": {
         "handle": (_is_int, "an integer"),
@@ -404,6 +430,7 @@ _STREAMS: Final[Mapping[str, frozenset[str]]] = {
     "exec": frozenset({"out"}),
     **{op: frozenset({"data"}) for op in _BULK},
     "file_read": frozenset({"meta", "data"}),
+    "damage_watch": frozenset({"damage"}),
 }
 
 
@@ -436,6 +463,33 @@ def _decode_b64(value: object, name: str) -> bytes:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def parse_damage(obj: Mapping[str, Any]) -> DamageNotice:
+    """A ``damage`` event's fields → a :class:`DamageNotice` (``_Malformed`` otherwise)."""
+    width = _require(obj, "width", _is_size, "a positive integer")
+    height = _require(obj, "height", _is_size, "a positive integer")
+    if width > MAX_SCREEN or height > MAX_SCREEN:
+        raise _Malformed(f"a {width}x{height} screen is over {MAX_SCREEN} pixels a side")
+    rects = obj.get("rects")
+    if not isinstance(rects, list) or not 1 <= len(rects) <= MAX_DAMAGE_RECTS:
+        raise _Malformed(f"rects is not a list of 1 to {MAX_DAMAGE_RECTS} rectangles")
+    out: list[tuple[int, int, int, int]] = []
+    for i, rect in enumerate(rects):
+        if not (isinstance(rect, list) and len(rect) == 4 and all(_is_int(v) for v in rect)):
+            raise _Malformed(f"rects[{i}] is not [x, y, w, h] of integers")
+        x, y, w, h = rect
+        if not (x >= 0 and y >= 0 and w > 0 and h > 0 and x + w <= width and y + h <= height):
+            raise _Malformed(f"rects[{i}] is not a non-empty rectangle inside the {width}x{height} screen")
+        out.append((x, y, w, h))
+    cursor = obj.get("cursor")
+    point: tuple[int, int] | None = None
+    if cursor is not None:
+        if not _is_point(cursor):
+            raise _Malformed("cursor is not an [x, y] pair of integers or null")
+        if 0 <= cursor[0] < width and 0 <= cursor[1] < height:
+            point = (cursor[0], cursor[1])
+    return DamageNotice(tuple(out), width, height, point)
 
 
 # --------------------------------------------------------------------------
@@ -731,6 +785,9 @@ class GuestProtocol:
             return
         if name not in _STREAMS.get(op, frozenset()):
             raise _Malformed(f"{op} does not stream {_clean_text(name)[:64]!r}")
+        if name == "damage":
+            events.append(Stream(rid, name, {"notice": parse_damage(obj)}))
+            return
         body = {k: v for k, v in obj.items() if k not in ("id", "ev", "data")}
         data = _decode_b64(obj.get("data"), "data") if "data" in obj else b""
         if "data" not in obj:

@@ -418,6 +418,60 @@ def test_live_view_input_from_the_person_in_control(desk: tuple[Server, str]) ->
         srv.call("rig.control", {"rigId": rig, "op": "release"})
 
 
+def _frames_until_quiet(ws: Any, quiet_s: float, deadline_s: float) -> list[dict[str, Any]]:
+    """Frame messages until none came for ``quiet_s`` (the screen went idle)."""
+    frames: list[dict[str, Any]] = []
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            msg = ws.recv(timeout=quiet_s)
+        except TimeoutError:
+            return frames
+        if isinstance(msg, str) and json.loads(msg).get("type") == "frame":
+            frames.append(json.loads(msg))
+        assert time.monotonic() < end, f"the screen never went quiet for {quiet_s} s: {frames[-5:]}"
+
+
+def _next_frame(ws: Any, within_s: float) -> tuple[dict[str, Any], float]:
+    t0 = time.monotonic()
+    while True:
+        msg = ws.recv(timeout=max(0.1, within_s - (time.monotonic() - t0)))
+        if isinstance(msg, str) and json.loads(msg).get("type") == "frame":
+            return json.loads(msg), time.monotonic() - t0
+
+
+def test_live_view_grabs_only_when_the_screen_changes(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+    view = srv.call("rig.viewUrl", {"rigId": rig})
+    with connect(_ws_url(srv, view["path"]), max_size=None, open_timeout=60) as ws:
+        hello = json.loads(ws.recv(timeout=60))
+        assert hello["type"] == "hello"
+        frames = _frames_until_quiet(ws, quiet_s=2.0, deadline_s=120)
+        first = frames[0]
+        assert first["trigger"] == "open" and first["source"] in ("agent", "qmp")
+        assert first["lane"]["source"] == first["source"] and first["lane"]["why"].startswith("measured: ")
+        idle_grabs = frames[-1]["grabs"]
+        # A pointer move (no X damage: the host knows it moved it) yields a frame promptly,
+        # and hardly a grab was made while the screen was idle (>= 3 s here: the old polling
+        # loop grabbed every ~0.85 s; a redraw of unchanged pixels, as a panel clock may do,
+        # costs a grab and sends nothing).
+        act(srv, rig, action="mouse_move", coordinate=[700, 333])
+        moved, took = _next_frame(ws, within_s=10)
+        assert "pointer" in moved["trigger"], moved
+        assert moved["grabs"] - idle_grabs <= 2, (moved, idle_grabs)
+        assert took < 3.0, took
+        _frames_until_quiet(ws, quiet_s=2.0, deadline_s=60)
+        # A window drawn in the guest: the agent's damage notice brings the frame.
+        sh(srv, rig, f"{AS_RIG} nohup python3 -c \"import time; from Xlib import X, display; d = display.Display(); "
+                     "s = d.screen(); w = s.root.create_window(100, 100, 200, 150, 0, s.root_depth, "
+                     "X.InputOutput, X.CopyFromParent, background_pixel=s.black_pixel, override_redirect=True); "
+                     "w.map(); d.sync(); time.sleep(4)\" >/dev/null 2>&1 &")
+        drawn, _took = _next_frame(ws, within_s=30)
+        assert "damage" in drawn["trigger"], drawn
+        # ...and when it is gone the screen is idle again: no frame for 2 s.
+        _frames_until_quiet(ws, quiet_s=2.0, deadline_s=60)
+
+
 def test_audit_masks_typed_text(desk: tuple[Server, str]) -> None:
     srv, rig = desk
     log = srv.call("rig.log", {"rigId": rig})

@@ -34,12 +34,12 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from rigd.protocols.guest import Ready, Reply
+from rigd.protocols.guest import Ready, Reply, Stream
 from tests.unit.test_agent import AGENT, AgentHarness
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 ALL_FEATURES = ["screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env",
-                "clipboard_image", "clipboard_files", "keymap", "files"]  # fmt: skip
+                "clipboard_image", "clipboard_files", "keymap", "damage", "files"]  # fmt: skip
 TEXT = "héllo wörld 世界"
 
 
@@ -536,6 +536,58 @@ def test_a_big_png_comes_as_data_chunks(desktop: AgentHarness) -> None:
     assert "data" not in body and body["chunks"] > 1 and body["bytes"] > 512 * 1024
     image = decode(desktop, reply)
     assert image.format == "PNG" and image.size == (2560, 1600) and body["scale"] == 1.0
+
+
+@pytest.mark.parametrize(("rects", "expected"), [
+    ([], []),
+    ([(0, 0, 10, 10), (0, 0, 10, 10), (2, 2, 3, 3)], [[0, 0, 10, 10]]),  # a duplicate and one inside
+    ([(-5, -5, 10, 10), (1275, 795, 10, 10)], [[0, 0, 5, 5], [1275, 795, 5, 5]]),  # clipped
+    ([(2000, 0, 10, 10), (0, 0, 0, 5)], []),  # off screen, empty
+    ([(i * 20, 0, 10, 10) for i in range(17)], [[0, 0, 330, 10]]),  # over the limit: the bounding box
+])
+def test_coalesce_rects(rects: list[tuple[int, int, int, int]], expected: list[list[int]]) -> None:
+    assert sorted(agent_mod.coalesce_rects(rects, 1280, 800)) == expected
+
+
+@needs_x
+@pytest.mark.timeout(60)
+def test_damage_watch_tells_where_the_screen_changed_and_nothing_when_idle(desktop: AgentHarness) -> None:
+    rid = desktop.send("damage_watch", maxRate=10)
+    # The first notice may be the whole screen (the DAMAGE object starts out damaged on some servers).
+    time.sleep(1.0)
+    desktop.streams(rid)
+    paint = (
+        "import time, Xlib.display\n"
+        "d = Xlib.display.Display(); r = d.screen().root; gc = r.create_gc(foreground=0xff00ff)\n"
+        "for i in range(40):\n"
+        "    r.fill_rectangle(gc, 100 + i, 50, 20, 30); d.sync(); time.sleep(0.02)\n"
+    )
+    t0 = time.monotonic()
+    assert desktop.exec([SYSTEM_PYTHON, "-c", paint], timeout=20).body["exitCode"] == 0
+    elapsed = time.monotonic() - t0
+    desktop.wait_for(lambda e: isinstance(e, Stream) and e.id == rid, timeout=5)
+    time.sleep(0.5)
+    notices = [s.body["notice"] for s in desktop.streams(rid)]
+    # 40 fills coalesced: at most maxRate a second (plus the one just taken)
+    assert len(notices) <= 10 * elapsed + 2, notices
+    for n in notices:
+        assert (n.width, n.height) == (2560, 1600) and n.cursor is not None
+        assert all(x >= 100 and x + w <= 160 and y == 50 and h == 30 for x, y, w, h in n.rects), n
+    time.sleep(1.5)
+    assert desktop.streams(rid) == []  # idle: nothing
+    assert call_ok(desktop, "damage_stop", watch=rid).body == {"stopped": True}
+    reply = desktop.reply(rid, timeout=5)
+    assert reply.ok and reply.body["notices"] >= 1
+    assert call_ok(desktop, "damage_stop", watch=rid).body == {"stopped": False}
+
+
+@needs_x
+@pytest.mark.timeout(60)
+def test_damage_watch_rate_is_validated(desktop: AgentHarness) -> None:
+    for rate in (0, 61, "30", True):
+        reply = desktop.call("damage_watch", maxRate=rate)
+        assert not reply.ok and "maxRate" in (reply.error or "")
+    assert not desktop.call("damage_stop").ok
 
 
 @needs_x
