@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright import sync_api as playwright_sync
 
 from tests.integration.conftest import ARTIFACTS, Server, make_data_dir, serving
-
-playwright_sync = pytest.importorskip("playwright.sync_api")
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
 
@@ -210,7 +209,7 @@ def test_terminal_rig_from_open_to_close(site: Site) -> None:
     # An expired session sends the person to sign-in, then back to this tab.
     ended = ctx.request.post(srv.url + "/session/end", headers={"Origin": srv.url})
     assert ended.ok
-    page.get_by_role("button", name="Refresh").click()
+    # The tab's next call (its heartbeat, within two seconds) finds the session gone.
     page.get_by_text("Your session ended").wait_for()
     page.get_by_label("Token").fill(srv.token)
     page.get_by_role("button", name="Sign in").click()
@@ -313,7 +312,7 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
     assert exec_text(srv, rig, "cat /home/rig/Drops/dropped.txt")["stdout"]["text"] == "dropped through the page\n"
     rows = srv.call("rig.log", {"rigId": rig, "beforeSeq": 2**53 - 1, "limit": 20})
     drop = next(r for r in rows if r["verb"] == "drop_files")
-    assert drop["args"]["x"] == 640 and drop["args"]["y"] == 400
+    assert abs(drop["args"]["x"] - 640) <= 2 and abs(drop["args"]["y"] - 400) <= 2  # the centre, in guest pixels
 
     # Copy rig → host asks first (the default): allow for ten minutes, and the text comes out.
     LaneClient(srv.url, srv.token, timeout=60).clip_set(rig, b"copied out of the rig", "text/plain; charset=utf-8")

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sync_api = pytest.importorskip("playwright.sync_api")
+from playwright import sync_api
 
 TERM_JS = Path(__file__).resolve().parents[2] / "rigd" / "web" / "static" / "term.js"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
