@@ -73,7 +73,7 @@ def screen_answer() -> dict[str, Any]:
 
 
 def machine(tmp_path: Path, nursery: trio.Nursery, *, agent_delay: float, features: tuple[str, ...]) -> Any:
-    m = make(tmp_path, nursery, features=features, frame=_ppm(1280, 800))
+    m = make(tmp_path, nursery, features=features, frame=_ppm(1280, 800), lane=None)
     m.guest = SlowGuest({"screen": screen_answer()}, [], agent_delay)
     return m
 
@@ -156,3 +156,25 @@ async def test_an_agent_without_damage_gives_no_notices(tmp_path: Path) -> None:
         m = machine(tmp_path, nursery, agent_delay=0, features=("screen",))
         async with m.open_changes() as changes:
             assert changes is None
+
+
+async def test_the_screenshot_verb_takes_the_measured_lane_and_marks_the_guests_pointer(tmp_path: Path) -> None:
+    import base64
+
+    from tests.unit.test_desktop_machine import action
+
+    async with trio.open_nursery() as nursery:
+        m = machine(tmp_path, nursery, agent_delay=0.5, features=("screen", "cursor", "damage"))
+        m.guest.answers["cursor"] = {"cursor": [300, 200], "displayWidth": 1280, "displayHeight": 800}
+        out = await m.perform(action({"action": "screenshot"}))
+        assert out["source"] == "qmp" and out["lane"]["source"] == "qmp"
+        assert out["lane"]["why"].startswith("measured: ")
+        assert out["cursor"] == [300, 200] and out["cursorMarked"] is True
+        with Image.open(io.BytesIO(base64.b64decode(out["image"]["data"]))) as img:
+            assert img.format == "JPEG" and img.size == (1280, 800)
+            near = [img.convert("RGB").getpixel((x, y)) for x in range(290, 311) for y in range(190, 211)]
+        assert any(sum(abs(p[i] - MARK_FILL[i]) for i in range(3)) < 90 for p in near)
+        # The live view shares the measurement: nothing is measured again.
+        screens = len([op for op, _f in m.guest.requests if op == "screen"])
+        _frame, lane = await m.live_still(max_w=2560, max_h=1600, quality=70)
+        assert lane.source == "qmp" and len([op for op, _f in m.guest.requests if op == "screen"]) == screens

@@ -21,6 +21,7 @@ from rigd.backends.guest_client import ChannelStats
 from rigd.backends.qemu import QemuConfig, QemuMachine
 from rigd.backends.recipe import RigPaths
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
+from rigd.frames import Lane
 from rigd.images.importer import FileRef, ImageManifest, ImportedImage
 from rigd.model import Accel, Backend, Surface
 from rigd.protocols import input as qin
@@ -81,7 +82,10 @@ def _jpeg(w: int, h: int) -> bytes:
 def make(tmp_path: Path, nursery: trio.Nursery, *, proto: int = 2,
          features: tuple[str, ...] = ("screen", "cursor", "display", "set_display", "clipboard_read",
                                       "clipboard_write"),
-         answers: dict[str, Any] | None = None, frame: bytes | None = None) -> QemuMachine:
+         answers: dict[str, Any] | None = None, frame: bytes | None = None,
+         lane: str | None = "agent") -> QemuMachine:
+    """A desktop machine over fakes. ``lane`` pins the measured screen lane (the verbs'
+    stills come from it); None leaves it to be measured."""
     ref = FileRef("x", "0" * 64, 1)
     manifest = ImageManifest(surface="computer", guest_protocol=proto, kernel_release="6.1",
                              cmdline=(), width=1280, height=800, disk=ref, kernel=ref, initrd=ref)
@@ -101,6 +105,8 @@ def make(tmp_path: Path, nursery: trio.Nursery, *, proto: int = 2,
     assert isinstance(m.driver, DesktopDriver)
     m.driver.proto = proto
     m.driver.features = frozenset(features)
+    if lane is not None:
+        m.driver.live_lane = Lane(lane, "pinned by the test", {})
     return m
 
 
