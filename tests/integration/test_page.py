@@ -163,6 +163,44 @@ def test_a_person_without_membership_sees_no_rigs(site: Site) -> None:
     ctx.close()
 
 
+def test_server_panel_import_names_the_digest_it_got_and_clipboard_choices_stick(site: Site, tmp_path: Path) -> None:
+    srv = site.srv
+    source = tmp_path / "not-an-image.qcow2"
+    source.write_bytes(b"QFI\xfb" + bytes(4 << 20))
+    actual = hashlib.sha256(source.read_bytes()).hexdigest()
+    ctx = site.context()
+    page = ctx.new_page()
+    sign_in(page, srv.token)
+    page.locator("#images-title").wait_for()
+    page.get_by_label("URL or path").fill(str(source))
+    page.get_by_label("sha256").fill("0" * 64)
+    page.get_by_role("button", name="Import").click()
+    status = page.locator("#import-status")
+    page.wait_for_function("() => document.querySelector('#import-status').dataset.kind === 'error'",
+                           timeout=60_000)
+    text = status.inner_text()
+    assert actual in text and "0" * 64 in text, text
+    assert not page.locator("#import-progress").is_visible()
+    # A field error names the field before any job starts.
+    page.get_by_label("URL or path").fill(str(source))
+    page.get_by_label("sha256").evaluate("i => { i.removeAttribute('pattern'); i.value = 'xyz'; }")
+    page.get_by_role("button", name="Import").click()
+    page.wait_for_function("() => document.querySelector('#import-status').textContent.includes('sha256')")
+    # The person's clipboard choices are theirs and persist.
+    page.get_by_label("Copy from rigs to this computer").select_option("deny")
+    page.get_by_text("Saved.").wait_for()
+    assert srv.call("clipboard.policy.get")["rigToHost"] == "deny"
+    page.reload()
+    page.locator("#images-title").wait_for()
+    page.wait_for_function("() => document.querySelector('#clip-rig-to-host').value === 'deny'")
+    page.get_by_label("Copy from rigs to this computer").select_option("ask")
+    page.get_by_text("Saved.").wait_for()
+    assert srv.call("clipboard.policy.get")["rigToHost"] == "ask"
+    # The admin sees everyone's choices.
+    assert "admin" in page.locator("#clip-everyone").inner_text()
+    ctx.close()
+
+
 # -- a terminal rig, from the page ---------------------------------------------------
 
 
