@@ -15,7 +15,8 @@ export class LiveView {
     this.display = tab.rig.display || { width: 1280, height: 800 };
     this.canvas = h("canvas.screen", {
       id: "screen", tabindex: 0, width: this.display.width, height: this.display.height,
-      role: "img", "aria-label": `Live view of ${tab.rigId}. Take control, then focus here to type and click.`,
+      role: "img", "aria-label": `Live view of ${tab.rigId}. Take control, then focus here to type and click; Ctrl+] leaves the view.`,
+      title: "While you hold control, keys go to the rig; Ctrl+] leaves the view",
     });
     this.ctx2d = this.canvas.getContext("2d");
     this.info = h("p.muted", { id: "view-info", "aria-live": "off" }, "Connecting to the live view…");
@@ -165,7 +166,12 @@ export class LiveView {
     // ctrl/cmd+v: let the browser's paste event carry this computer's
     // clipboard to the rig first (paste() then presses v).
     if ((ev.ctrlKey || ev.metaKey) && ev.code === "KeyV") return;
-    if (ev.code === "Tab" && ev.shiftKey && ev.ctrlKey) return; // leave a way out of the canvas
+    // ctrl+]: the way out of the canvas for a keyboard (every other key goes to the rig).
+    if (ev.ctrlKey && ev.code === "BracketRight") {
+      ev.preventDefault();
+      if (down) { this.releaseAll(); const out = document.getElementById("hand-back"); if (out) out.focus(); else this.canvas.blur(); }
+      return;
+    }
     ev.preventDefault();
     // A printable character without ctrl/alt/meta goes as text: the rig types
     // that character (shifted or on a spare key as needed), whatever this
