@@ -273,8 +273,8 @@ def parse_control(raw: object) -> ControlParams:
 
 
 #: ``rig.log``'s page size: the default and the most one call returns.
-LOG_LIMIT_DEFAULT = 100
-LOG_LIMIT_MAX = 500
+LOG_LIMIT_DEFAULT = 1000
+LOG_LIMIT_MAX = 1000
 #: Sequence numbers are at most this (JavaScript's Number.MAX_SAFE_INTEGER, which a page may
 #: pass as ``beforeSeq`` for the newest page).
 SEQ_MAX = 2**53 - 1

@@ -174,7 +174,7 @@ def test_server_panel_import_names_the_digest_it_got_and_clipboard_choices_stick
     page.locator("#images-title").wait_for()
     page.get_by_label("URL or path").fill(str(source))
     page.get_by_label("sha256").fill("0" * 64)
-    page.get_by_role("button", name="Import").click()
+    page.get_by_role("button", name="Import", exact=True).click()
     status = page.locator("#import-status")
     page.wait_for_function("() => document.querySelector('#import-status').dataset.kind === 'error'",
                            timeout=60_000)
@@ -184,7 +184,7 @@ def test_server_panel_import_names_the_digest_it_got_and_clipboard_choices_stick
     # A field error names the field before any job starts.
     page.get_by_label("URL or path").fill(str(source))
     page.get_by_label("sha256").evaluate("i => { i.removeAttribute('pattern'); i.value = 'xyz'; }")
-    page.get_by_role("button", name="Import").click()
+    page.get_by_role("button", name="Import", exact=True).click()
     page.wait_for_function("() => document.querySelector('#import-status').textContent.includes('sha256')")
     # The person's clipboard choices are theirs and persist.
     page.get_by_label("Copy from rigs to this computer").select_option("deny")

@@ -68,9 +68,11 @@ async def test_the_page_is_small_self_contained_and_builds_no_markup_from_data()
     for name, asset in assets.items():
         text = asset.body.decode()
         # Nothing external: no absolute URLs to other hosts in scripts, styles or the shell.
-        assert not re.search(r"https?://(?!…)[a-z0-9]", text.replace("https://…", "")), name
+        # (an XML namespace names, it fetches nothing)
+        plain = re.sub(r'xmlns="http://www\.w3\.org/[^"]*"', "", text).replace("https://…", "")
+        assert not re.search(r"https?://[a-z0-9]", plain), name
         if name.endswith(".js"):
-            assert "innerHTML" not in text and "insertAdjacentHTML" not in text, name
+            assert not re.search(r"\.(innerHTML|outerHTML)\s*=|insertAdjacentHTML|document\.write", text), name
             assert "eval(" not in text and "new Function" not in text, name
             imports |= set(re.findall(r'from "\./([a-z0-9_-]+\.js)"', text))
     # Every module a script imports is served.

@@ -74,7 +74,7 @@ function header() {
   ];
   if (info.accel === "tcg") badges.push(h("span.badge.danger", { title: info.accelProblem || "" }, "TCG — not a security boundary"));
   replace(facts, badges);
-  replace(who, h("span", {}, session.me.name, session.me.isAdmin ? " (admin)" : ""),
+  replace(who, h("span", {}, session.me.name, session.me.admin ? " (admin)" : ""),
     h("button.link", { type: "button", onclick: async () => { await signOut(); showSignIn("Signed out."); } }, "Sign out"));
 }
 

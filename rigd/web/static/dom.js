@@ -1,4 +1,4 @@
-// Building the page without innerHTML: every value from the server (and so
+// Building the page from nodes, never from markup strings: every value from the server (and so
 // from a guest) becomes text, never markup.
 
 /** h("button.primary", {onclick, "aria-label": …}, "text", child…) */

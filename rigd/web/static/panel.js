@@ -25,7 +25,7 @@ export class ServerPanel {
       CHOICES.map(([v, t]) => h("option", { value: v }, t)));
     this.grants = h("ul", { id: "clip-grants" });
     this.everyone = h("div", { id: "clip-everyone" });
-    const admin = ctx.session.me.isAdmin;
+    const admin = ctx.session.me.admin;
     this.element = h("div.panel", {},
       h("section.card", { "aria-labelledby": "images-title" },
         h("h2", { id: "images-title" }, "Desktop images"),
@@ -119,7 +119,7 @@ export class ServerPanel {
   async loadPolicy() {
     try {
       this.showPolicy(await call("clipboard.policy.get"));
-      if (this.ctx.session.me.isAdmin) {
+      if (this.ctx.session.me.admin) {
         const all = await call("clipboard.policy.list");
         replace(this.everyone, h("table", {},
           h("thead", {}, h("tr", {}, ["Person", "Paste into rigs", "Copy out of rigs", "Grants"].map((c) => h("th", { scope: "col" }, c)))),
