@@ -464,22 +464,44 @@ class DesktopDriver:
                          dump: str = "png", cursor: tuple[int, int] | None = None) -> Still:
         """QMP ``screendump`` (``dump``: png, or ppm — raw, far cheaper for QEMU
         to write), scaled, marked at ``cursor`` and encoded on the host."""
+        still, _marked_at = await self._qmp_frame(max_w, max_h, fmt, quality, dump=dump, cursor=cursor)
+        return still
+
+    async def _qmp_frame(self, max_w: int, max_h: int, fmt: str, quality: int, *, dump: str,
+                         cursor: tuple[int, int] | None = None,
+                         locate: Callable[[], Awaitable[tuple[int, int] | None]] | None = None,
+                         ) -> tuple[Still, tuple[int, int] | None]:
+        """:meth:`_qmp_still`, and where the pointer was marked. ``locate``, when
+        given, asks where the pointer is while QEMU dumps (its answer, if any,
+        replaces ``cursor``)."""
         if self.m.qmp is None:
             raise BackendError("the machine is not running")
+        qmp = self.m.qmp
         path = self.m.rig_dir / f"frame-{trio.current_time():.6f}.{dump}"
+        where = [cursor]
+
+        async def ask() -> None:
+            assert locate is not None
+            with contextlib.suppress(GuestError):
+                where[0] = await locate() or where[0]
+
         try:
-            await self.m.qmp.execute("screendump", {"filename": str(path), "format": dump},
-                                   timeout=30 + self.m.grace)
-            raw = await trio.Path(path).read_bytes()
+            async with trio.open_nursery() as nursery:
+                if locate is not None:
+                    nursery.start_soon(ask)
+                await qmp.execute("screendump", {"filename": str(path), "format": dump},
+                                  timeout=30 + self.m.grace)
+                raw = await trio.Path(path).read_bytes()
         finally:
             await trio.Path(path).unlink(missing_ok=True)
+        cursor = where[0]
         if len(raw) > MAX_STILL_BYTES * 4:  # a 16384x16384 PPM is 768 MB; QEMU's displays stop far below
             raise BackendError(f"QEMU's screendump is {len(raw)} bytes")
         still = await trio.to_thread.run_sync(
             lambda: encode_still(raw, max_w=max_w, max_h=max_h, fmt=fmt, quality=quality, cursor=cursor)
         )
         self.display = (still.display_w, still.display_h)
-        return still
+        return still, cursor
 
     # -- the live view ---------------------------------------------------------------
 
@@ -593,10 +615,10 @@ class DesktopDriver:
         if lane.source == "qmp":
             # The host lane: QMP screendump (PPM), scaled and encoded on the host, the
             # pointer marked where the guest says it is (else where rigd last put it).
-            point = await self._guest_pointer() or self.pointer
-            still = await self._qmp_still(cap.width, cap.height, "jpeg", SHOT_QUALITY, dump="ppm",
-                                          cursor=point)
-            source, cursor, marked = "qmp", point, True
+            # The guest is asked where its pointer is while QEMU dumps the screen.
+            still, cursor = await self._qmp_frame(cap.width, cap.height, "jpeg", SHOT_QUALITY, dump="ppm",
+                                                  cursor=self.pointer, locate=self._guest_pointer)
+            source, marked = "qmp", True
         else:
             still, source, cursor, marked = await self.still(max_w=cap.width, max_h=cap.height,
                                                              quality=SHOT_QUALITY)
