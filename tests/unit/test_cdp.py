@@ -114,7 +114,7 @@ def test_fields_name_the_method_and_field() -> None:
         read(result, "DOM.getBoxModel", lambda f: f.obj("model").numbers("content", 8))
     with pytest.raises(CDPProtocolError, match="n is not an integer"):
         read(result, "X.y", lambda f: f.integer("n"))
-    with pytest.raises(CDPProtocolError, match="big is not an integer in 0..100"):
+    with pytest.raises(CDPProtocolError, match=r"big is not an integer in 0..100"):
         read(result, "X.y", lambda f: f.integer("big", 0, 100))
     with pytest.raises(CDPProtocolError, match="missing is not a string"):
         read(result, "X.y", lambda f: f.string("missing"))
@@ -185,7 +185,7 @@ async def test_error_reply_is_a_command_failure(pair: tuple[CDPConnection, FakeT
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(browser)
-        with pytest.raises(CDPCommandFailed, match="DOM.getBoxModel: the browser answered error -32000"):
+        with pytest.raises(CDPCommandFailed, match=r"DOM.getBoxModel: the browser answered error -32000"):
             await conn.send("DOM.getBoxModel", {"nodeId": 9})
 
 
@@ -213,7 +213,7 @@ async def test_in_flight_commands_are_bounded(
         nursery.start_soon(conn.send, "Page.enable")
         nursery.start_soon(conn.send, "Runtime.enable")
         first, second = await fake.next_command(), await fake.next_command()
-        with pytest.raises(CDPTimeout, match="not sent within 1 s .* 2 in-flight slots"):
+        with pytest.raises(CDPTimeout, match=r"not sent within 1 s .* 2 in-flight slots"):
             await conn.send("DOM.enable", timeout=1)
         await fake.reply(first)
         await fake.reply(second)
@@ -245,7 +245,7 @@ async def test_socket_close_fails_every_pending_command(
         "Page.reload: the browser closed the DevTools connection (close 1006)",
     ]
     assert conn.closed is not None
-    with pytest.raises(CDPClosed, match="Page.enable: the browser closed"):
+    with pytest.raises(CDPClosed, match=r"Page.enable: the browser closed"):
         await conn.send("Page.enable")
 
 
@@ -306,7 +306,7 @@ async def test_crash_and_detach_fail_only_that_session(
 
     async with trio.open_nursery() as nursery:
         async def crashed() -> None:
-            with pytest.raises(CDPClosed, match="Page.navigate: the page's renderer crashed"):
+            with pytest.raises(CDPClosed, match=r"Page.navigate: the page's renderer crashed"):
                 await page.send("Page.navigate", {"url": "https://x.test/"})
 
         nursery.start_soon(crashed)
