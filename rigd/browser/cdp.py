@@ -411,13 +411,20 @@ async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
     try:
         conn = CDPConnection(WebSocketTransport(ws), log=log, max_message_chars=max_message_chars,
                              default_timeout=default_timeout, max_in_flight=max_in_flight)
+        body_error: Exception | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(conn.run)
             try:
                 yield conn
+            except Exception as exc:
+                # Raised below, outside the nursery: inside it the caller's own
+                # error would come back wrapped in an ExceptionGroup.
+                body_error = exc
             finally:
                 await conn.aclose()
                 nursery.cancel_scope.cancel()
+        if body_error is not None:
+            raise body_error
     finally:
         with trio.CancelScope(shield=True):
             await ws_cm.__aexit__(None, None, None)
