@@ -408,7 +408,10 @@ async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
         ws = await ws_cm.__aenter__()
     except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
         raise CDPClosed(f"cannot open the DevTools WebSocket: {exc}"[:300]) from exc
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # The websockets context manager owns a nursery of its own: it must be
+        # exited in the same cancel-scope context it was entered in.
+        stack.push_async_exit(ws_cm)
         conn = CDPConnection(WebSocketTransport(ws), log=log, max_message_chars=max_message_chars,
                              default_timeout=default_timeout, max_in_flight=max_in_flight)
         body_error: Exception | None = None
@@ -425,10 +428,6 @@ async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
                 nursery.cancel_scope.cancel()
         if body_error is not None:
             raise body_error
-    finally:
-        with trio.CancelScope(shield=True):
-            await ws_cm.__aexit__(None, None, None)
-
 
 __all__ = [
     "CDPConnection", "CDPSession", "Subscription", "Transport", "TransportClosed",

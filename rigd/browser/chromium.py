@@ -672,7 +672,16 @@ class ChromiumDriver:
             if scale < 1.0:
                 m = await self.page.call("Page.getLayoutMetrics", None, parse_layout)
                 params["clip"] = {"x": m.page_x, "y": m.page_y, "width": vw, "height": vh, "scale": scale}
-        data = await self.page.call("Page.captureScreenshot", params, _image_bytes, timeout=60)
+        try:
+            data = await self.page.call("Page.captureScreenshot", params, _image_bytes, timeout=60)
+        finally:
+            if a.full_page:
+                # captureBeyondViewport leaves the page without its scrollbar (its layout
+                # 15 px wider) until the metrics change; clearing and setting them again
+                # puts the page back as it was: a screenshot is an observation.
+                with trio.CancelScope(shield=True), contextlib.suppress(CDPError):
+                    await self.page.send("Emulation.clearDeviceMetricsOverride")
+                    await self._set_metrics(self.viewport)
         iw, ih = _jpeg_size(data)
         out: dict[str, Any] = {
             "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},

@@ -234,11 +234,15 @@ async def test_screenshots_viewport_and_full_page(driver: ChromiumDriver, site: 
     shot = await act(driver, action="screenshot")
     image = Image.open(io.BytesIO(base64.b64decode(shot["image"]["data"])))
     assert image.size == (1280, 800) == (shot["imageSize"]["width"], shot["imageSize"]["height"])
+    # The page is as wide as the viewport less its scrollbar, and as tall as its content.
+    width = await driver._eval("document.documentElement.clientWidth")
     full = await act(driver, action="screenshot", full_page=True)
-    assert full["pageSize"] == {"width": 1280, "height": 3000}
+    sizes = await driver._eval("[innerWidth, innerHeight, document.documentElement.clientWidth]")
+    assert sizes == [1280, 800, width], "a screenshot is an observation: the viewport is as it was"
+    assert full["pageSize"] == {"width": width, "height": 3000} and 1200 < width <= 1280
     image = Image.open(io.BytesIO(base64.b64decode(full["image"]["data"])))
-    assert image.size == (1280, 3000)
-    top, bottom = image.getpixel((10, 10)), image.getpixel((10, 2990))
+    assert image.size == (width, 3000) and image.size[1] > shot["display"]["height"]
+    top, bottom = image.getpixel((600, 10)), image.getpixel((600, 2990))
     assert isinstance(top, tuple) and isinstance(bottom, tuple)
     assert top[0] > 200 > top[2] and bottom[2] > 200 > bottom[0]  # red at the top, blue at the foot
     scrolled = await act(driver, action="scroll", scroll_direction="down", scroll_amount=3,
