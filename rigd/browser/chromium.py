@@ -313,7 +313,39 @@ _FOCUSED_EDITABLE = """(() => { const a = document.activeElement;
   return !!a && (a.isContentEditable || a.tagName === 'INPUT' || a.tagName === 'TEXTAREA'); })()"""
 _DOM = """(() => { const s = document.documentElement ? document.documentElement.outerHTML : '';
   return {length: s.length, html: s.slice(0, %d)}; })()"""
-_QUERY = "(() => { try { return document.querySelector(%s) ? 1 : 0; } catch (e) { return -1; } })()"
+#: Playwright's selector engines other than CSS, in the page: ``(engine, body) => Element | null``.
+#: ``text=`` is a case-insensitive, whitespace-collapsed substring match (a quoted body is an exact
+#: match) of the deepest element that holds it, as Playwright's; ``xpath=`` the first node in
+#: document order (a text node gives its parent).
+_RESOLVE = """(engine, body) => {
+  const norm = s => s.replace(/\\s+/g, ' ').trim();
+  if (engine === 'css') return document.querySelector(body);
+  if (engine === 'id') return document.getElementById(body);
+  if (engine === 'data-testid') return document.querySelector('[data-testid="' + CSS.escape(body) + '"]');
+  if (engine === 'xpath') {
+    const r = document.evaluate(body, document, null, XPathResult.FIRST_ORDERED_NODE_TYPE, null)
+      .singleNodeValue;
+    return !r ? null : (r.nodeType === 1 ? r : r.parentElement);
+  }
+  let exact = false, want = body;
+  if (want.length >= 2 && (want[0] === '"' || want[0] === "'") && want[want.length - 1] === want[0]) {
+    exact = true; want = want.slice(1, -1);
+  }
+  want = exact ? norm(want) : norm(want).toLowerCase();
+  const skip = new Set(['SCRIPT', 'STYLE', 'HEAD', 'NOSCRIPT', 'TEMPLATE']);
+  const test = el => {
+    if (skip.has(el.tagName)) return false;
+    const t = norm(el.textContent || '');
+    return exact ? t === want : t.toLowerCase().includes(want);
+  };
+  const root = document.body || document.documentElement;
+  if (!root) return null;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_ELEMENT);
+  for (let el = walker.currentNode; el; el = walker.nextNode()) {
+    if (test(el) && ![...el.children].some(test)) return el;
+  }
+  return null;
+}"""
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -442,20 +474,42 @@ class ChromiumDriver:
 
     async def _query(self, selector: str) -> int:
         """The node id of the first element ``selector`` matches; a field error otherwise."""
-        css = selector[4:] if selector.startswith("css=") else selector
-        if _other_engine(css):
-            raise FieldError("action.selector", f"{_other_engine(css)} selectors are not supported by the "
-                                                "Chromium driver yet; use a CSS selector")
-        root = await self.page.call("DOM.getDocument", {"depth": 0},
-                                    lambda f: f.obj("root").integer("nodeId", 1, 2**31))
-        try:
-            node = await self.page.call("DOM.querySelector", {"nodeId": root, "selector": css},
-                                        lambda f: f.integer("nodeId", 0, 2**31))
-        except CDPCommandFailed as exc:
-            raise FieldError("action.selector", "is not a valid CSS selector") from exc
+        node = await self._find(selector)
         if node == 0:
             raise FieldError("action.selector", "matches no element on the page")
         return node
+
+    async def _find(self, selector: str) -> int:
+        """The node id of the first element ``selector`` matches, 0 for none; a field error
+        when the selector is invalid."""
+        engine, body = selector_engine(selector)
+        if engine == "css":
+            root = await self.page.call("DOM.getDocument", {"depth": 0},
+                                        lambda f: f.obj("root").integer("nodeId", 1, 2**31))
+            try:
+                node = await self.page.call("DOM.querySelector", {"nodeId": root, "selector": body},
+                                            lambda f: f.integer("nodeId", 0, 2**31))
+            except CDPCommandFailed as exc:
+                raise FieldError("action.selector", "is not a valid CSS selector") from exc
+        else:
+            object_id = await self._resolve(engine, body)
+            node = 0 if object_id is None else await self.page.call(
+                "DOM.requestNode", {"objectId": object_id}, lambda f: f.integer("nodeId", 0, 2**31))
+        return node
+
+    async def _resolve(self, engine: str, body: str) -> str | None:
+        """The remote object id of the element a non-CSS engine finds, or None."""
+        def element(f: Fields) -> str | None:
+            if f.has("exceptionDetails"):
+                rule = "a valid XPath expression" if engine == "xpath" else f"a valid {engine} selector"
+                raise FieldError("action.selector", f"is not {rule}")
+            obj = f.obj("result")
+            if obj.string("type", 32) != "object" or obj.raw("subtype") != "node":
+                return None
+            return obj.string("objectId", 256)
+
+        expression = f"({_RESOLVE})({json.dumps(engine)}, {json.dumps(body)})"
+        return await self.page.call("Runtime.evaluate", {"expression": expression}, element)
 
     async def _element_point(self, selector: str) -> tuple[int, int]:
         node = await self._query(selector)
@@ -734,22 +788,19 @@ class ChromiumDriver:
         return out
 
     async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
-        css = a.selector[4:] if a.selector.startswith("css=") else a.selector
-        if _other_engine(css):
-            raise FieldError("action.selector", f"{_other_engine(css)} selectors are not supported by the "
-                                                "Chromium driver yet; use a CSS selector")
-        expression = _QUERY % json.dumps(css)
+        engine, body = selector_engine(a.selector)
         start = trio.current_time()
         found = False
         with trio.move_on_after(a.timeout_s):
             while True:
-                with contextlib.suppress(_PageScriptError):
-                    got = await self._eval(expression, timeout=max(1.0, a.timeout_s))
-                    if got == -1:
-                        raise FieldError("action.selector", "is not a valid CSS selector")
-                    if got == 1:
-                        found = True
-                        break
+                # Each poll is a fresh query: a navigation meanwhile replaces the document.
+                with contextlib.suppress(CDPCommandFailed):
+                    if engine == "css":
+                        found = await self._find(a.selector) != 0
+                    else:
+                        found = await self._resolve(engine, body) is not None
+                if found:
+                    break
                 await trio.sleep(WAIT_FOR_POLL_S)
         out: dict[str, Any] = {"selector": a.selector, "found": found,
                                "waitedS": round(trio.current_time() - start, 3)}
@@ -792,16 +843,34 @@ class ChromiumDriver:
         return {"selection": "clipboard", "bytes": len(a.text.encode())}
 
 
-def _other_engine(selector: str) -> str | None:
-    """The Playwright selector engine a selector names, when it is not CSS."""
-    head = selector.split("=", 1)[0] if "=" in selector else ""
-    if head in {"text", "xpath", "role", "id", "data-testid", "nth", "internal:text", "internal:role"}:
-        return head
-    if selector.startswith(("//", "..", "(//")):
-        return "xpath"
-    if selector.startswith(('"', "'")) or ">>" in selector:
-        return "Playwright text/chained"
-    return None
+_ENGINES = ("css", "xpath", "text", "id", "data-testid")
+_UNSUPPORTED = ("role", "nth", "visible", "internal:text", "internal:role", "internal:label")
+
+
+def selector_engine(selector: str) -> tuple[str, str]:
+    """(engine, body) of a Playwright selector: ``css=``, ``xpath=``, ``text=``, ``id=``,
+    ``data-testid=``, a leading ``//`` (XPath) or quote (exact text), else CSS.
+
+    Chains (``>>``) and the engines the driver does not implement are a field error naming them.
+    """
+    head, sep, body = selector.partition("=")
+    if sep and head in _ENGINES:
+        engine = head
+    elif sep and head in _UNSUPPORTED:
+        raise FieldError("action.selector", f"the {head}= engine is not supported by the Chromium "
+                                            "driver yet; use css=, xpath=, text=, id= or data-testid=")
+    elif selector.startswith(("//", "(//", "..")):
+        engine, body = "xpath", selector
+    elif selector.startswith(('"', "'")):
+        engine, body = "text", selector
+    else:
+        engine, body = "css", selector
+    if ">>" in body and engine in ("css", "text"):
+        raise FieldError("action.selector", "chained selectors (>>) are not supported by the Chromium "
+                                            "driver yet; give one selector")
+    if not body:
+        raise FieldError("action.selector", f"names the {engine} engine but no selector after '='")
+    return engine, body
 
 
 def _document_status(events: list[Event], loader_id: str | None) -> int | None:

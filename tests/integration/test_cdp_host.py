@@ -61,15 +61,31 @@ setTimeout(() => { throw new Error('late failure'); }, 0);</script>""",
 <button aria-label="Close dialog">X</button></main>""",
     "/tall.html": """<!doctype html><title>tall</title><style>body{margin:0}</style>
 <div style="height:3000px;background:linear-gradient(red,blue)">tall</div>""",
+    "/pointer.html": """<!doctype html><title>pointer</title><style>body{margin:0;height:2000px}</style>
+<script>window.events = [];
+for (const kind of ['mousedown', 'mouseup', 'click']) {
+  addEventListener(kind, e => events.push([kind, e.clientX, e.clientY, e.buttons]));
+}
+addEventListener('mousemove', e => { if (e.buttons) events.push(['drag', e.clientX, e.clientY, e.buttons]); });
+</script>""",
     "/late.html": """<!doctype html><title>late</title><script>setTimeout(() => {
 const d = document.createElement('div'); d.id = 'late'; d.textContent = 'here';
 document.body.appendChild(d); }, 800);</script>""",
 }
 
 
+#: Requests served per path (``/count.html`` says its own count: a hard reload must reach us).
+SERVED: dict[str, int] = {}
+
+
 class _Pages(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = PAGES.get(self.path.split("?", 1)[0])
+        path = self.path.split("?", 1)[0]
+        SERVED[path] = SERVED.get(path, 0) + 1
+        if path == "/count.html":
+            body: str | None = f"<!doctype html><title>served {SERVED[path]}</title>"
+        else:
+            body = PAGES.get(path)
         data = (body or "not found").encode()
         self.send_response(200 if body else 404)
         self.send_header("Content-Type", "text/html; charset=utf-8")
@@ -172,6 +188,12 @@ async def test_navigate_and_click_by_selector_and_coordinates(driver: ChromiumDr
     assert await title(driver) == "b clicked"
     await act(driver, action="click", coordinate=[150, 320])
     assert await title(driver) == "c clicked"
+    await act(driver, action="click", selector="text=B")
+    assert await title(driver) == "b clicked"
+    await act(driver, action="click", selector="//button[@id='c']")
+    assert await title(driver) == "c clicked"
+    await act(driver, action="click", selector='"B"')
+    assert await title(driver) == "b clicked"
     missing = await act(driver, action="navigate", url=f"{site}/nope.html")
     assert missing["status"] == 404
 
@@ -255,6 +277,7 @@ async def test_wait_for_a_late_element_and_set_viewport(driver: ChromiumDriver, 
     await act(driver, action="navigate", url=f"{site}/late.html")
     waited = await act(driver, action="wait_for", selector="#late", timeoutS=10)
     assert waited["found"] is True and 0.3 < waited["waitedS"] < 10
+    assert (await act(driver, action="wait_for", selector="text=HERE", timeoutS=1))["found"] is True
     quick = await act(driver, action="wait_for", selector="#never", timeoutS=0.3)
     assert quick["found"] is False
     resized = await act(driver, action="set_viewport", width=320, height=240)
@@ -283,6 +306,12 @@ async def test_bad_input_is_refused_and_the_page_untouched(driver: ChromiumDrive
         assert info.value.field == "action.selector"
     with pytest.raises(FieldError, match="matches no element"):
         await act(driver, action="fill", selector="#nothing", text="x")
+    with pytest.raises(FieldError, match="matches no element"):
+        await act(driver, action="click", selector="text=no such words")
+    with pytest.raises(FieldError, match="not a valid XPath expression"):
+        await act(driver, action="click", selector="xpath=//[")
+    with pytest.raises(FieldError, match="role= engine is not supported"):
+        await act(driver, action="click", selector="role=button")
     with pytest.raises(FieldError, match="not a valid CSS selector"):
         await act(driver, action="wait_for", selector="#b[", timeoutS=1)
     with pytest.raises(Conflict, match="plain http://, which has no Clipboard API"):
@@ -333,3 +362,36 @@ async def test_a_browser_that_exits_fails_pending_commands(site: str,
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+@pytest.mark.timeout(90)
+async def test_pointer_verbs_drag_and_press(driver: ChromiumDriver, site: str) -> None:
+    await act(driver, action="navigate", url=f"{site}/pointer.html")
+    assert await act(driver, action="drag", start_coordinate=[10, 20], coordinate=[110, 70]) == {
+        "from": [10, 20], "to": [110, 70]}
+    events = await driver._eval("events")
+    assert events[0] == ["mousedown", 10, 20, 1]
+    assert ["drag", 110, 70, 1] in events
+    assert events[-2:] == [["mouseup", 110, 70, 0], ["click", 110, 70, 0]]
+    await driver._eval("events.length = 0")
+    await act(driver, action="mouse_move", coordinate=[300, 200])
+    down = await act(driver, action="left_mouse_down")
+    assert down == {"coordinate": [300, 200], "button": "left", "down": True}
+    await act(driver, action="mouse_move", coordinate=[320, 240])
+    await act(driver, action="left_mouse_up")
+    assert await driver._eval("events") == [
+        ["mousedown", 300, 200, 1], ["drag", 320, 240, 1], ["mouseup", 320, 240, 0],
+        ["click", 320, 240, 0],
+    ]
+
+
+@pytest.mark.timeout(90)
+async def test_reload_and_stop_loading(driver: ChromiumDriver, site: str) -> None:
+    await act(driver, action="navigate", url=f"{site}/count.html")
+    first = int((await title(driver)).split()[-1])
+    soft = await act(driver, action="reload")
+    assert soft["loaded"] is True and soft["hard"] is False
+    hard = await act(driver, action="reload", hard=True)
+    assert hard["hard"] is True and hard["title"]["text"] == f"served {first + 2}"
+    stopped = await act(driver, action="stop_loading")
+    assert stopped["stopped"] is True and stopped["url"] == f"{site}/count.html"

@@ -11,15 +11,16 @@ from hypothesis import strategies as st
 from rigd.browser.chromium import (
     AXNode,
     _document_status,
-    _other_engine,
     console_line,
     parse_ax_tree,
     parse_history,
     parse_navigate,
     parse_value,
     render_ax,
+    selector_engine,
 )
 from rigd.browser.dom_keys import plan_press
+from rigd.errors import FieldError
 from rigd.protocols.cdp import CDPError, CDPProtocolError, Event, read
 from rigd.verbs.keys import parse_dom_combo
 
@@ -145,11 +146,20 @@ def test_console_line_never_raises(params: dict[str, Any]) -> None:
         console_line(Event(method, None, params))
 
 
-def test_other_selector_engines_are_named() -> None:
-    assert _other_engine("text=Sign in") == "text"
-    assert _other_engine("//div[@id='x']") == "xpath"
-    assert _other_engine("button#go") is None
-    assert _other_engine("a[href='x=y']") is None
+def test_selector_engines() -> None:
+    assert selector_engine("button#go") == ("css", "button#go")
+    assert selector_engine("a[href='x=y']") == ("css", "a[href='x=y']")
+    assert selector_engine("css=div > p") == ("css", "div > p")
+    assert selector_engine("text=Sign in") == ("text", "Sign in")
+    assert selector_engine('"Sign in"') == ("text", '"Sign in"')
+    assert selector_engine("//div[@id='x']") == ("xpath", "//div[@id='x']")
+    assert selector_engine("xpath=//p") == ("xpath", "//p")
+    assert selector_engine("data-testid=go") == ("data-testid", "go")
+    for bad, says in [("role=button", "role= engine is not supported"),
+                      ("div >> text=x", "chained selectors"), ("text=", "no selector after")]:
+        with pytest.raises(FieldError, match=says) as info:
+            selector_engine(bad)
+        assert info.value.field == "action.selector"
 
 
 def test_document_status_matches_the_loader() -> None:
