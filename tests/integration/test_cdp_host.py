@@ -111,6 +111,28 @@ def site() -> Iterator[str]:
         thread.join(5)
 
 
+@pytest.fixture(scope="module")
+def tls_site() -> Iterator[str]:
+    """The same pages over https (a trustme certificate; the test browser ignores its CA)."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
 @dataclass
 class HostChromium:
     ws_url: str
@@ -126,7 +148,8 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostChromium]
         [CHROMIUM, "--headless=new", "--no-sandbox", "--remote-debugging-port=0",
          f"--user-data-dir={profile}", "--no-first-run", "--no-default-browser-check",
          "--disable-gpu", "--disable-extensions", "--disable-background-networking",
-         "--disable-sync", "--disable-component-update", "--mute-audio", "about:blank"],
+         "--disable-sync", "--disable-component-update", "--mute-audio",
+         "--ignore-certificate-errors", "about:blank"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
     )
     try:
@@ -395,3 +418,13 @@ async def test_reload_and_stop_loading(driver: ChromiumDriver, site: str) -> Non
     assert hard["hard"] is True and hard["title"]["text"] == f"served {first + 2}"
     stopped = await act(driver, action="stop_loading")
     assert stopped["stopped"] is True and stopped["url"] == f"{site}/count.html"
+
+
+@pytest.mark.timeout(90)
+async def test_clipboard_round_trip_on_a_secure_page(driver: ChromiumDriver, tls_site: str) -> None:
+    out = await act(driver, action="navigate", url=f"{tls_site}/input.html")
+    assert out["loaded"] is True
+    written = await act(driver, action="clipboard_write", text="héllo 📋")
+    assert written == {"selection": "clipboard", "bytes": len("héllo 📋".encode())}
+    read = await act(driver, action="clipboard_read")
+    assert read["content"]["untrusted"] is True and read["content"]["text"] == "héllo 📋"
