@@ -33,7 +33,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import trio
@@ -70,11 +70,14 @@ IMAGE_MAX_BYTES = 24 * 1024 * 1024
 TITLE_MAX_CHARS = 1000
 CLIPBOARD_MAX_BYTES = 64 * 1024
 WAIT_FOR_POLL_S = 0.1
+#: The isolated world rigd's scripts run in.
+WORLD_NAME = "rigd"
 #: How long a wheel scroll may animate before its position is reported.
 SCROLL_SETTLE_S = 2.0
 DRAG_STEPS = 5
 
 log = logging.getLogger("rigd.browser.chromium")
+T = TypeVar("T")
 
 
 class PageError(BackendError):
@@ -365,6 +368,9 @@ class ChromiumDriver:
         self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
         self._console_dropped = 0
         self._input_lock = trio.Lock()
+        self._world_id: int | None = None
+        self._contexts = page.open_subscription(
+            {"Runtime.executionContextDestroyed", "Runtime.executionContextsCleared"}, limit=64)
         self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
         }
@@ -417,12 +423,49 @@ class ChromiumDriver:
     async def _history(self) -> History:
         return await self.page.call("Page.getNavigationHistory", None, parse_history)
 
+    async def _world(self) -> int:
+        """The execution context of rigd's isolated world in the current document.
+
+        rigd's scripts run there, not in the page's world: the DOM is shared, but
+        the page's JavaScript (a replaced ``String.prototype.slice``, a getter on
+        ``window.scrollX``) cannot reach them. A new document destroys the world;
+        the events saying so are read before each use.
+        """
+        if self._contexts.dropped:  # too many to know: start afresh
+            self._contexts.dropped, self._world_id = 0, None
+        for event in self._contexts.drain():
+            gone = event.params.get("executionContextId")
+            if event.method == "Runtime.executionContextsCleared" or gone == self._world_id:
+                self._world_id = None
+        if self._world_id is None:
+            self._world_id = await self.page.call(
+                "Page.createIsolatedWorld", {"frameId": self.target_id, "worldName": WORLD_NAME},
+                lambda f: f.integer("executionContextId", 1, 2**31))
+        return self._world_id
+
+    async def _in_world(self, method: str, params: dict[str, Any], key: str,
+                        parse: Callable[[Fields], T], timeout: float | None = None) -> T:
+        """``method`` with ``key`` set to rigd's world; once more in a new world if the
+        document changed under the first attempt."""
+        for attempt in (1, 2):
+            world = await self._world()
+            try:
+                return await self.page.call(method, {**params, key: world}, parse, timeout=timeout)
+            except CDPCommandFailed as exc:
+                if attempt == 2 or "context" not in exc.cdp_message.lower():
+                    raise
+                self._world_id = None
+        raise AssertionError("unreachable")
+
     async def _eval(self, expression: str, *, timeout: float | None = None,
-                    await_promise: bool = False, gesture: bool = False) -> Any:
-        return await self.page.call("Runtime.evaluate", {
-            "expression": expression, "returnByValue": True, "awaitPromise": await_promise,
-            "userGesture": gesture,
-        }, parse_value, timeout=timeout)
+                    await_promise: bool = False, gesture: bool = False, main_world: bool = False) -> Any:
+        """An expression's JSON value, evaluated in rigd's isolated world (``main_world``:
+        in the page's own, to read its globals; tests do)."""
+        params = {"expression": expression, "returnByValue": True, "awaitPromise": await_promise,
+                  "userGesture": gesture}
+        if main_world:
+            return await self.page.call("Runtime.evaluate", params, parse_value, timeout=timeout)
+        return await self._in_world("Runtime.evaluate", params, "contextId", parse_value, timeout)
 
     async def _page_json(self) -> dict[str, Any]:
         entry = (await self._history()).entry
@@ -509,7 +552,7 @@ class ChromiumDriver:
             return obj.string("objectId", 256)
 
         expression = f"({_RESOLVE})({json.dumps(engine)}, {json.dumps(body)})"
-        return await self.page.call("Runtime.evaluate", {"expression": expression}, element)
+        return await self._in_world("Runtime.evaluate", {"expression": expression}, "contextId", element)
 
     async def _element_point(self, selector: str) -> tuple[int, int]:
         node = await self._query(selector)
@@ -528,7 +571,7 @@ class ChromiumDriver:
         return x, y
 
     async def _object_id(self, node: int) -> str:
-        return await self.page.call("DOM.resolveNode", {"nodeId": node},
+        return await self._in_world("DOM.resolveNode", {"nodeId": node}, "executionContextId",
                                     lambda f: f.obj("object").string("objectId", 256))
 
     async def _call_on(self, object_id: str, function: str) -> Any:

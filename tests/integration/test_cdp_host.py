@@ -68,6 +68,12 @@ for (const kind of ['mousedown', 'mouseup', 'click']) {
 }
 addEventListener('mousemove', e => { if (e.buttons) events.push(['drag', e.clientX, e.clientY, e.buttons]); });
 </script>""",
+    "/big.html": "<!doctype html><title>big</title><p>" + "lorem ipsum " * 10_000 + "</p>",
+    "/hostile.html": """<!doctype html><title>hostile</title><p id="p">plain</p><script>
+String.prototype.slice = function () { return 'x'.repeat(5000000); };
+Object.defineProperty(window, 'scrollX', {get() { throw new Error('no scroll for you'); }});
+document.querySelector = () => null;
+</script>""",
     "/late.html": """<!doctype html><title>late</title><script>setTimeout(() => {
 const d = document.createElement('div'); d.id = 'late'; d.textContent = 'here';
 document.body.appendChild(d); }, 800);</script>""",
@@ -392,17 +398,17 @@ async def test_pointer_verbs_drag_and_press(driver: ChromiumDriver, site: str) -
     await act(driver, action="navigate", url=f"{site}/pointer.html")
     assert await act(driver, action="drag", start_coordinate=[10, 20], coordinate=[110, 70]) == {
         "from": [10, 20], "to": [110, 70]}
-    events = await driver._eval("events")
+    events = await driver._eval("events", main_world=True)
     assert events[0] == ["mousedown", 10, 20, 1]
     assert ["drag", 110, 70, 1] in events
     assert events[-2:] == [["mouseup", 110, 70, 0], ["click", 110, 70, 0]]
-    await driver._eval("events.length = 0")
+    await driver._eval("events.length = 0", main_world=True)
     await act(driver, action="mouse_move", coordinate=[300, 200])
     down = await act(driver, action="left_mouse_down")
     assert down == {"coordinate": [300, 200], "button": "left", "down": True}
     await act(driver, action="mouse_move", coordinate=[320, 240])
     await act(driver, action="left_mouse_up")
-    assert await driver._eval("events") == [
+    assert await driver._eval("events", main_world=True) == [
         ["mousedown", 300, 200, 1], ["drag", 320, 240, 1], ["mouseup", 320, 240, 0],
         ["click", 320, 240, 0],
     ]
@@ -428,3 +434,31 @@ async def test_clipboard_round_trip_on_a_secure_page(driver: ChromiumDriver, tls
     assert written == {"selection": "clipboard", "bytes": len("héllo 📋".encode())}
     read = await act(driver, action="clipboard_read")
     assert read["content"]["untrusted"] is True and read["content"]["text"] == "héllo 📋"
+
+
+@pytest.mark.timeout(90)
+async def test_a_message_over_the_cap_drops_the_connection(chromium: HostChromium, site: str) -> None:
+    """A reply larger than the client's cap (here 64 KiB) closes the socket (1009): the command
+    fails saying so, and so does every later one."""
+    async with open_cdp(chromium.ws_url, max_message_chars=64 * 1024) as conn, \
+            open_chromium(conn) as d:
+        await act(d, action="navigate", url=f"{site}/big.html")
+        with pytest.raises(CDPClosed, match="over the size cap"):
+            await act(d, action="extract", kind="dom")  # ~120 KB of HTML in one reply
+        with pytest.raises(CDPClosed, match="over the size cap"):
+            await act(d, action="screenshot")
+
+
+@pytest.mark.timeout(90)
+async def test_the_page_cannot_reach_rigds_scripts(driver: ChromiumDriver, site: str) -> None:
+    """rigd's scripts run in an isolated world: the page's replaced built-ins do not touch them."""
+    await act(driver, action="navigate", url=f"{site}/hostile.html")
+    dom = await act(driver, action="extract", kind="dom")
+    assert '<p id="p">plain</p>' in dom["content"]["text"] and dom["content"]["truncated"] is False
+    await act(driver, action="wait_for", selector="text=plain", timeoutS=2)
+    scrolled = await act(driver, action="scroll", scroll_direction="down", scroll_amount=1)
+    assert scrolled["scrollPosition"] == {"x": 0, "y": 0}
+    assert await driver._eval("'abc'.slice(1).length", main_world=True) == 5000000  # the page's own
+    # The world is made again for each new document.
+    await act(driver, action="navigate", url=f"{site}/button.html")
+    await act(driver, action="wait_for", selector="text=B", timeoutS=2)

@@ -45,6 +45,8 @@ class Browser:
             return {"targetInfos": [{"targetId": "T1", "type": "page"}]}
         if method == "Target.attachToTarget":
             return {"sessionId": SID}
+        if method == "Page.createIsolatedWorld":
+            return {"executionContextId": 7}
         if method == "Page.getNavigationHistory":
             return {"currentIndex": 0, "entries": [{"id": 1, "url": self.url, "title": "t"}]}
         return {}
