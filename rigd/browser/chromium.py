@@ -312,6 +312,7 @@ _FILL_PREPARE = """function () {
 }"""
 _CLEAR = """function () {
   document.execCommand('delete'); this.dispatchEvent(new Event('input', {bubbles: true})); }"""
+_LAYOUT_WIDTH = "document.documentElement ? document.documentElement.clientWidth : 0"
 _FOCUSED_EDITABLE = """(() => { const a = document.activeElement;
   return !!a && (a.isContentEditable || a.tagName === 'INPUT' || a.tagName === 'TEXTAREA'); })()"""
 _DOM = """(() => { const s = document.documentElement ? document.documentElement.outerHTML : '';
@@ -370,7 +371,8 @@ class ChromiumDriver:
         self._input_lock = trio.Lock()
         self._world_id: int | None = None
         self._contexts = page.open_subscription(
-            {"Runtime.executionContextDestroyed", "Runtime.executionContextsCleared"}, limit=64)
+            {"Runtime.executionContextDestroyed", "Runtime.executionContextsCleared",
+             "Page.frameNavigated"}, limit=64)
         self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
         }
@@ -436,6 +438,9 @@ class ChromiumDriver:
         for event in self._contexts.drain():
             gone = event.params.get("executionContextId")
             if event.method == "Runtime.executionContextsCleared" or gone == self._world_id:
+                self._world_id = None
+            elif event.method == "Page.frameNavigated" and self._main_frame_moved(event):
+                # Also a back-forward cache restore, whose old world is frozen, not destroyed.
                 self._world_id = None
         if self._world_id is None:
             self._world_id = await self.page.call(
@@ -526,9 +531,11 @@ class ChromiumDriver:
         """The node id of the first element ``selector`` matches, 0 for none; a field error
         when the selector is invalid."""
         engine, body = selector_engine(selector)
+        # Node ids exist only for a document the client has asked for (DOM.requestNode
+        # answers 0 otherwise), and a new document starts over: ask every time.
+        root = await self.page.call("DOM.getDocument", {"depth": 0},
+                                    lambda f: f.obj("root").integer("nodeId", 1, 2**31))
         if engine == "css":
-            root = await self.page.call("DOM.getDocument", {"depth": 0},
-                                        lambda f: f.obj("root").integer("nodeId", 1, 2**31))
             try:
                 node = await self.page.call("DOM.querySelector", {"nodeId": root, "selector": body},
                                             lambda f: f.integer("nodeId", 0, 2**31))
@@ -769,16 +776,22 @@ class ChromiumDriver:
             if scale < 1.0:
                 m = await self.page.call("Page.getLayoutMetrics", None, parse_layout)
                 params["clip"] = {"x": m.page_x, "y": m.page_y, "width": vw, "height": vh, "scale": scale}
+        layout_width = await self._eval(_LAYOUT_WIDTH) if a.full_page else None
         try:
             data = await self.page.call("Page.captureScreenshot", params, _image_bytes, timeout=60)
         finally:
             if a.full_page:
                 # captureBeyondViewport leaves the page without its scrollbar (its layout
                 # 15 px wider) until the metrics change; clearing and setting them again
-                # puts the page back as it was: a screenshot is an observation.
+                # puts the page back as it was (a screenshot is an observation), once the
+                # renderer has laid it out again.
                 with trio.CancelScope(shield=True), contextlib.suppress(CDPError):
                     await self.page.send("Emulation.clearDeviceMetricsOverride")
                     await self._set_metrics(self.viewport)
+                    with trio.move_on_after(2):
+                        # No event says "laid out again": poll the layout width.
+                        while await self._eval(_LAYOUT_WIDTH) != layout_width:  # noqa: ASYNC110
+                            await trio.sleep(0.02)
         iw, ih = _jpeg_size(data)
         out: dict[str, Any] = {
             "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
@@ -815,20 +828,29 @@ class ChromiumDriver:
             raise FieldError("action.direction",
                              f"there is no {'earlier' if back else 'later'} page in this tab's history")
         target = history.entries[index]
-        await self.page.send("Page.navigateToHistoryEntry", {"entryId": target.id})
         loaded = False
-        with trio.move_on_after(LOAD_TIMEOUT_S):
+        with trio.move_on_after(LOAD_TIMEOUT_S), \
+                self.page.subscribe({"Page.frameNavigated", "Page.navigatedWithinDocument"}) as moved:
+            await self.page.send("Page.navigateToHistoryEntry", {"entryId": target.id})
+            # The history index moves before the document does (it counts the pending
+            # entry): wait for the main frame to commit, then for its readyState.
+            await moved.wait_for(self._main_frame_moved, LOAD_TIMEOUT_S)
             while True:
-                if (await self._history()).current == index:
-                    with contextlib.suppress(CDPError):
-                        if await self._eval("document.readyState") == "complete":
-                            loaded = True
-                            break
+                with contextlib.suppress(CDPError):
+                    if await self._eval("document.readyState") == "complete":
+                        loaded = True
+                        break
                 await trio.sleep(0.05)
         out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
         if not loaded:
             out["note"] = f"the page had not finished loading within {LOAD_TIMEOUT_S:g} s"
         return out
+
+    def _main_frame_moved(self, event: Event) -> bool:
+        if event.method == "Page.navigatedWithinDocument":
+            return event.params.get("frameId") == self.target_id
+        frame = event.params.get("frame")
+        return isinstance(frame, dict) and frame.get("id") == self.target_id and not frame.get("parentId")
 
     async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
         engine, body = selector_engine(a.selector)

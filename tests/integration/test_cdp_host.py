@@ -202,8 +202,8 @@ async def act(d: ChromiumDriver, **payload: Any) -> dict[str, Any]:
 
 
 async def title(d: ChromiumDriver) -> str:
-    page = await d._page_json()
-    text: str = page["title"]["text"]
+    """The document's title (the browser's copy of it, in history, trails the renderer's)."""
+    text: str = await d._eval("document.title")
     return text
 
 
@@ -242,6 +242,12 @@ async def test_fill_and_submit_a_form_then_history_back(driver: ChromiumDriver, 
     assert forward["url"].startswith(f"{site}/result.html?q=")
     with pytest.raises(FieldError, match="no later page"):
         await act(driver, action="history", direction="forward")
+    await act(driver, action="history", direction="back")
+    await act(driver, action="fill", selector="id=q", text="by Enter")
+    with driver.page.subscribe({"Page.lifecycleEvent"}) as life:
+        await act(driver, action="key", text="Enter")  # implicit submission
+        await driver._wait_load(life, None, 30)
+    assert await title(driver) == "result: by Enter"
 
 
 @pytest.mark.timeout(90)
