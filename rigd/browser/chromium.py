@@ -69,6 +69,8 @@ IMAGE_MAX_BYTES = 24 * 1024 * 1024
 #: Text kept from the page's title, and from a clipboard read.
 TITLE_MAX_CHARS = 1000
 CLIPBOARD_MAX_BYTES = 64 * 1024
+#: How long the document's title may take before the browser's copy is used.
+TITLE_TIMEOUT_S = 2.0
 WAIT_FOR_POLL_S = 0.1
 #: The isolated world rigd's scripts run in.
 WORLD_NAME = "rigd"
@@ -473,8 +475,16 @@ class ChromiumDriver:
         return await self._in_world("Runtime.evaluate", params, "contextId", parse_value, timeout)
 
     async def _page_json(self) -> dict[str, Any]:
+        """The page's URL (the browser's) and title (the document's: the browser's copy
+        trails the renderer's; a page too busy to answer gets the browser's)."""
         entry = (await self._history()).entry
-        return {"url": entry.url[:8192], "title": _text_json(entry.title[:TITLE_MAX_CHARS], 4096)}
+        title = entry.title
+        with contextlib.suppress(CDPError):
+            got = await self._eval(f"document.title.substring(0, {TITLE_MAX_CHARS})",
+                                   timeout=TITLE_TIMEOUT_S)
+            if isinstance(got, str):
+                title = got
+        return {"url": entry.url[:8192], "title": _text_json(title[:TITLE_MAX_CHARS], 4096)}
 
     async def _wait_load(self, sub: Subscription, loader_id: str | None, timeout: float) -> bool:
         """Wait for ``load`` of ``loader_id`` on the main frame (the first loader to start
