@@ -367,6 +367,8 @@ class ChromiumDriver:
         self.viewport = viewport
         self.pointer: tuple[int, int] = (0, 0)
         self.button_down = False
+        #: How long a navigation may take to answer and then to load.
+        self.load_timeout_s = LOAD_TIMEOUT_S
         self._console_sub = console
         self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
         self._console_dropped = 0
@@ -505,23 +507,24 @@ class ChromiumDriver:
         with self.page.subscribe({"Page.lifecycleEvent"}) as life, \
                 self.page.subscribe({"Network.responseReceived"}, limit=64) as responses:
             nav = await self.page.call("Page.navigate", {"url": a.url}, parse_navigate,
-                                       timeout=LOAD_TIMEOUT_S)
+                                       timeout=self.load_timeout_s)
             if nav.error_text is not None:
                 raise PageError(f"navigate: the page did not load: {nav.error_text}")
             loaded = True if nav.loader_id is None else await self._wait_load(
-                life, nav.loader_id, LOAD_TIMEOUT_S)
+                life, nav.loader_id, self.load_timeout_s)
             status = _document_status(responses.drain(), nav.loader_id)
         out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": status}
         if nav.loader_id is None:
             out["note"] = "a same-document navigation (a fragment or history.pushState): nothing loaded"
         elif not loaded:
-            out["note"] = f"the page had not fired load within {LOAD_TIMEOUT_S:g} s; it may still be loading"
+            out["note"] = (f"the page had not fired load within {self.load_timeout_s:g} s; "
+                           "it may still be loading")
         return out
 
     async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
         with self.page.subscribe({"Page.lifecycleEvent"}) as life:
             await self.page.send("Page.reload", {"ignoreCache": a.hard})
-            loaded = await self._wait_load(life, None, LOAD_TIMEOUT_S)
+            loaded = await self._wait_load(life, None, self.load_timeout_s)
         return {**await self._page_json(), "hard": a.hard, "loaded": loaded}
 
     async def _do_stop_loading(self, _a: bv.BrowserStopLoading) -> dict[str, Any]:
@@ -839,12 +842,12 @@ class ChromiumDriver:
                              f"there is no {'earlier' if back else 'later'} page in this tab's history")
         target = history.entries[index]
         loaded = False
-        with trio.move_on_after(LOAD_TIMEOUT_S), \
+        with trio.move_on_after(self.load_timeout_s), \
                 self.page.subscribe({"Page.frameNavigated", "Page.navigatedWithinDocument"}) as moved:
             await self.page.send("Page.navigateToHistoryEntry", {"entryId": target.id})
             # The history index moves before the document does (it counts the pending
             # entry): wait for the main frame to commit, then for its readyState.
-            await moved.wait_for(self._main_frame_moved, LOAD_TIMEOUT_S)
+            await moved.wait_for(self._main_frame_moved, self.load_timeout_s)
             while True:
                 with contextlib.suppress(CDPError):
                     if await self._eval("document.readyState") == "complete":
@@ -853,7 +856,7 @@ class ChromiumDriver:
                 await trio.sleep(0.05)
         out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
         if not loaded:
-            out["note"] = f"the page had not finished loading within {LOAD_TIMEOUT_S:g} s"
+            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
         return out
 
     def _main_frame_moved(self, event: Event) -> bool:

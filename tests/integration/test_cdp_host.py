@@ -32,7 +32,7 @@ from rigd.browser.cdp import CDPConnection, open_cdp
 from rigd.browser.chromium import ChromiumDriver, open_chromium
 from rigd.errors import Conflict, FieldError
 from rigd.model import Surface
-from rigd.protocols.cdp import CDPClosed, parse_active_port
+from rigd.protocols.cdp import CDPClosed, CDPTimeout, parse_active_port
 from rigd.verbs import parse_action
 from rigd.verbs.base import ParseContext
 
@@ -88,6 +88,8 @@ class _Pages(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         SERVED[path] = SERVED.get(path, 0) + 1
+        if path == "/hang.html":
+            time.sleep(8)  # a server that never answers, as far as a 1 s deadline can tell
         if path == "/count.html":
             body: str | None = f"<!doctype html><title>served {SERVED[path]}</title>"
         else:
@@ -468,3 +470,16 @@ async def test_the_page_cannot_reach_rigds_scripts(driver: ChromiumDriver, site:
     # The world is made again for each new document.
     await act(driver, action="navigate", url=f"{site}/button.html")
     await act(driver, action="wait_for", selector="text=B", timeoutS=2)
+
+
+@pytest.mark.timeout(90)
+async def test_a_page_that_hangs_fails_the_verb_and_stop_loading_stops_it(
+    driver: ChromiumDriver, site: str,
+) -> None:
+    await act(driver, action="navigate", url=f"{site}/button.html")
+    driver.load_timeout_s = 1.0
+    with pytest.raises(CDPTimeout, match=r"Page\.navigate: no answer from the browser within 1 s"):
+        await act(driver, action="navigate", url=f"{site}/hang.html")
+    stopped = await act(driver, action="stop_loading")
+    assert stopped["url"] == f"{site}/button.html"
+    assert await title(driver) == "button"
