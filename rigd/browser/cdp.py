@@ -302,12 +302,18 @@ class CDPConnection:
 
     def open_subscription(self, methods: Iterable[str], *, session_id: str | None = None,
                           limit: int = DEFAULT_BUFFER) -> Subscription:
-        """A subscription that lives as long as the connection (e.g. a console buffer)."""
+        """A subscription that lives until :meth:`unsubscribe` (e.g. a console buffer)."""
         sub = Subscription(frozenset(methods), session_id, limit)
         if self._closed is not None:
             sub._close(self._closed)
         self._subs.append(sub)
         return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """End a subscription from :meth:`open_subscription` (idempotent)."""
+        if sub in self._subs:
+            self._subs.remove(sub)
+        sub._close("the subscription was ended")
 
     async def attach(self, target_id: str, *, timeout: float | None = None) -> CDPSession:
         """Attach to a target in flatten mode and return its session."""

@@ -1012,6 +1012,8 @@ async def open_chromium(conn: CDPConnection, *, viewport: Display = BOOT_VIEWPOR
             body_error = exc  # raised outside the nursery, unwrapped (as open_cdp does)
         finally:
             nursery.cancel_scope.cancel()
+            conn.unsubscribe(console)
+            conn.unsubscribe(driver._contexts)
     if body_error is not None:
         raise body_error
 

@@ -351,3 +351,17 @@ async def test_attach_uses_flatten_mode(pair: tuple[CDPConnection, FakeTransport
         session = await conn.attach("T1")
         assert session.session_id == SID
         await session.send("Page.enable")
+
+
+@pytest.mark.timeout(10)
+async def test_a_standing_subscription_lasts_until_unsubscribed(
+    pair: tuple[CDPConnection, FakeTransport],
+) -> None:
+    conn, fake = pair
+    sub = conn.open_subscription({"Runtime.consoleAPICalled"}, session_id=SID)
+    await fake.emit("Runtime.consoleAPICalled", {"n": 1}, SID)
+    assert (await sub.receive()).params == {"n": 1}
+    conn.unsubscribe(sub)
+    conn.unsubscribe(sub)
+    with pytest.raises(CDPClosed, match="subscription was ended"):
+        await sub.receive()
