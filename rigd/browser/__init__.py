@@ -1,0 +1,2 @@
+"""Browser engines driven from the host: the CDP client (:mod:`rigd.browser.cdp`) and the
+Chromium driver of the browser_use verbs (:mod:`rigd.browser.chromium`)."""

@@ -1,0 +1,1021 @@
+"""The Chromium driver: every browser_use verb (RIGS.md §4) over CDP, on one page target.
+
+How this works: :func:`open_chromium` attaches to the browser's page (flatten
+mode), enables the domains the verbs need, pins the viewport and starts one
+task that answers JavaScript dialogs (an ``alert()`` would otherwise stall
+every later command) and notes them in the console buffer. :meth:`perform`
+maps each parsed action to CDP commands:
+
+- pointer verbs are ``Input.dispatchMouseEvent`` at CSS pixels of the
+  viewport; a click by selector resolves it with ``DOM.querySelector``,
+  scrolls it into view and clicks the centre of its first content quad;
+- ``type`` is ``Input.insertText`` (any Unicode, at the caret); ``fill``
+  focuses and selects the field first; ``key`` is ``Input.dispatchKeyEvent``
+  planned by :mod:`rigd.browser.dom_keys`;
+- page loads wait for the ``load`` lifecycle event of the loader the command
+  started (navigate, reload) or for the history index and ``readyState``
+  (history: a back-forward cache restore fires no load);
+- extracts and the page's title are page content: they come back framed as
+  untrusted (:mod:`rigd.framing`) and capped, with a note saying so.
+
+Every reply is read into typed values at the edge (:class:`rigd.protocols.cdp.Fields`);
+the page is hostile and so is the browser that renders it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import trio
+from PIL import Image
+
+import rigd.verbs.browser as bv
+from rigd.browser.cdp import CDPConnection, CDPSession, Subscription
+from rigd.browser.dom_keys import plan_press
+from rigd.errors import BackendError, Conflict, FieldError
+from rigd.framing import untrusted_bytes
+from rigd.model import AGENT_STILL_MAX, Display
+from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
+from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection, ScrollDirection
+
+#: RIGS.md §7: a browser rig boots at 1280x800.
+BOOT_VIEWPORT = Display(1280, 800)
+#: How long a page load may take before the verb answers ``loaded: false``.
+LOAD_TIMEOUT_S = 30.0
+#: One CSS pixel notch of the wheel, as Chromium's.
+WHEEL_NOTCH_PX = 100
+#: Extracts are capped at this many UTF-8 bytes of content.
+EXTRACT_MAX_BYTES = 256 * 1024
+#: Console entries kept between two console extracts, and the length of one.
+CONSOLE_KEEP = 1000
+CONSOLE_ENTRY_MAX_CHARS = 2000
+#: The accessibility tree: nodes read at most.
+AX_MAX_NODES = 100_000
+#: A full-page screenshot is at most this many CSS pixels tall (Chromium's own
+#: texture limit is 16384 device pixels).
+FULL_PAGE_MAX_HEIGHT = 16384
+#: The largest image the browser may send back, decoded.
+IMAGE_MAX_BYTES = 24 * 1024 * 1024
+#: Text kept from the page's title, and from a clipboard read.
+TITLE_MAX_CHARS = 1000
+CLIPBOARD_MAX_BYTES = 64 * 1024
+#: How long the document's title may take before the browser's copy is used.
+TITLE_TIMEOUT_S = 2.0
+WAIT_FOR_POLL_S = 0.1
+#: The isolated world rigd's scripts run in.
+WORLD_NAME = "rigd"
+#: How long a wheel scroll may animate before its position is reported.
+SCROLL_SETTLE_S = 2.0
+DRAG_STEPS = 5
+
+log = logging.getLogger("rigd.browser.chromium")
+T = TypeVar("T")
+
+
+class PageError(BackendError):
+    """The page could not do what the verb asked (a failed load, a crashed renderer)."""
+
+
+# -- typed replies -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    id: int
+    url: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    current: int
+    entries: tuple[HistoryEntry, ...]
+
+    @property
+    def entry(self) -> HistoryEntry:
+        return self.entries[self.current]
+
+
+def parse_history(f: Fields) -> History:
+    entries = tuple(
+        HistoryEntry(e.integer("id", 0, 2**31), e.string("url", 1 << 20),
+                     e.string("title", 1 << 20, default=""))
+        for e in f.objs("entries", 10_000)
+    )
+    current = f.integer("currentIndex", 0, max(0, len(entries) - 1))
+    if not entries:
+        raise CDPProtocolError("Page.getNavigationHistory: entries is empty")
+    return History(current, entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Navigation:
+    frame_id: str
+    loader_id: str | None
+    error_text: str | None
+
+
+def parse_navigate(f: Fields) -> Navigation:
+    return Navigation(
+        f.string("frameId", 128),
+        f.string("loaderId", 128) if f.has("loaderId") else None,
+        f.string("errorText", 300) if f.has("errorText") else None,
+    )
+
+
+def parse_value(f: Fields) -> Any:
+    """The value of a ``Runtime.evaluate`` with ``returnByValue``; a thrown exception is an error."""
+    if f.has("exceptionDetails"):
+        details = f.obj("exceptionDetails")
+        text = details.string("text", 100_000, default="exception")[:300]
+        exc = details.opt_obj("exception")
+        if exc is not None and exc.has("description"):
+            text = exc.string("description", 100_000)[:300]
+        raise _PageScriptError(text)
+    return f.obj("result").raw("value")
+
+
+class _PageScriptError(CDPError):
+    """A script rigd ran in the page threw (the page may have replaced built-ins)."""
+
+
+def _quad_centre(f: Fields) -> tuple[float, float] | None:
+    for i, quad in enumerate(f.items("quads", 1000)):
+        q = Fields({"q": quad}, f"DOM.getContentQuads.quads[{i}]").numbers("q", 8)
+        xs, ys = q[0::2], q[1::2]
+        area = abs(sum(xs[k] * ys[(k + 1) % 4] - xs[(k + 1) % 4] * ys[k] for k in range(4))) / 2
+        if area > 0.5:
+            return sum(xs) / 4, sum(ys) / 4
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutMetrics:
+    content_w: float
+    content_h: float
+    page_x: float
+    page_y: float
+    client_w: float
+    client_h: float
+
+
+def parse_layout(f: Fields) -> LayoutMetrics:
+    content = f.obj("cssContentSize")
+    visual = f.obj("cssVisualViewport")
+    return LayoutMetrics(content.number("width", 0, 1e7), content.number("height", 0, 1e7),
+                         visual.number("pageX", -1e7, 1e7), visual.number("pageY", -1e7, 1e7),
+                         visual.number("clientWidth", 0, 1e5), visual.number("clientHeight", 0, 1e5))
+
+
+def _text_json(text: str, limit: int) -> dict[str, Any]:
+    """Page text as the untrusted RPC shape, cut to ``limit`` UTF-8 bytes on a character boundary."""
+    raw = text.encode("utf-8", "replace")
+    truncated = len(raw) > limit
+    if truncated:
+        raw = raw[:limit].decode("utf-8", "ignore").encode()
+    return untrusted_bytes(raw, truncated=truncated, limit=limit)
+
+
+# -- the accessibility tree ----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class AXNode:
+    id: str
+    parent: str | None
+    ignored: bool
+    role: str
+    name: str
+    value: str
+    children: tuple[str, ...]
+
+
+def _ax_text(f: Fields, name: str) -> str:
+    obj = f.opt_obj(name)
+    if obj is None:
+        return ""
+    value = obj.raw("value")
+    if isinstance(value, str):
+        return value[:CONSOLE_ENTRY_MAX_CHARS]
+    if isinstance(value, bool | int | float):
+        return str(value)
+    return ""
+
+
+def parse_ax_tree(f: Fields) -> list[AXNode]:
+    out = []
+    for n in f.objs("nodes", AX_MAX_NODES):
+        listed = n.items("childIds", 100_000) if n.has("childIds") else []
+        kids = tuple(k for k in listed if isinstance(k, str) and len(k) <= 64)
+        out.append(AXNode(
+            n.string("nodeId", 64), n.string("parentId", 64) if n.has("parentId") else None,
+            n.boolean("ignored", False), _ax_text(n, "role"), _ax_text(n, "name"), _ax_text(n, "value"),
+            kids,
+        ))
+    return out
+
+
+_AX_SKIP_ROLES = frozenset({"InlineTextBox", "LineBreak"})
+_AX_QUIET_ROLES = frozenset({"generic", "none", "presentation", ""})
+
+
+def render_ax(nodes: list[AXNode]) -> str:
+    """One line per meaningful node, indented by depth: ``role "name" = value``.
+
+    Ignored nodes and unnamed generic containers are not printed; their
+    children are, one level up. Iterative, and each node is visited once, so a
+    hostile tree (deep, cyclic, shared children) costs at most its size.
+    """
+    by_id = {n.id: n for n in nodes}
+    roots = [n for n in nodes if n.parent is None or n.parent not in by_id]
+    lines: list[str] = []
+    seen: set[str] = set()
+    stack: list[tuple[AXNode, int]] = [(n, 0) for n in reversed(roots)]
+    while stack:
+        node, depth = stack.pop()
+        if node.id in seen or node.role in _AX_SKIP_ROLES:
+            continue
+        seen.add(node.id)
+        shown = not node.ignored and not (node.role in _AX_QUIET_ROLES and not node.name)
+        if shown:
+            line = "  " * min(depth, 64) + node.role
+            if node.name:
+                line += " " + json.dumps(node.name, ensure_ascii=False)
+            if node.value:
+                line += " = " + json.dumps(node.value, ensure_ascii=False)
+            lines.append(line)
+        child_depth = depth + 1 if shown else depth
+        stack.extend((by_id[c], child_depth) for c in reversed(node.children) if c in by_id)
+    return "\n".join(lines)
+
+
+# -- console -------------------------------------------------------------------------------------
+
+def _remote_text(obj: Any) -> str:
+    if not isinstance(obj, dict):
+        return "?"
+    if "value" in obj:
+        value = obj["value"]
+        return value if isinstance(value, str) else json.dumps(value)[:CONSOLE_ENTRY_MAX_CHARS]
+    for key in ("unserializableValue", "description", "type"):
+        if isinstance(obj.get(key), str):
+            return str(obj[key])
+    return "?"
+
+
+def console_line(event: Event) -> str:
+    """One console entry as text, bounded: ``[log] a b`` or ``[exception] …``."""
+    p = event.params
+    if event.method == "Runtime.consoleAPICalled":
+        kind = p.get("type")
+        args = p.get("args")
+        text = " ".join(_remote_text(arg) for arg in (args[:32] if isinstance(args, list) else []))
+        line = f"[{kind[:20] if isinstance(kind, str) else 'log'}] {text}"
+    elif event.method == "Runtime.exceptionThrown":
+        details = p.get("exceptionDetails")
+        details = details if isinstance(details, dict) else {}
+        exc = details.get("exception")
+        desc = exc.get("description") if isinstance(exc, dict) else None
+        line = f"[exception] {desc if isinstance(desc, str) else str(details.get('text', ''))}"
+    else:  # a dialog the driver answered
+        line = f"[dialog] {p.get('type', '')}: {p.get('message', '')}"
+    if len(line) > CONSOLE_ENTRY_MAX_CHARS:
+        line = line[:CONSOLE_ENTRY_MAX_CHARS] + f" [... {len(line) - CONSOLE_ENTRY_MAX_CHARS} characters cut]"
+    return line
+
+
+# -- scripts run in the page ---------------------------------------------------------------------
+
+_FILL_PREPARE = """function () {
+  const el = this, tag = el.tagName ? el.tagName.toLowerCase() : '';
+  if (el.isContentEditable) {
+    el.focus();
+    const r = document.createRange(); r.selectNodeContents(el);
+    const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
+    return 'ok';
+  }
+  const kinds = ['', 'text', 'search', 'email', 'password', 'tel', 'url', 'number'];
+  if (tag === 'textarea' || (tag === 'input' && kinds.includes(el.type))) {
+    if (el.disabled || el.readOnly) return 'disabled';
+    el.focus();
+    if (el.type === 'number' || el.type === 'email') { el.value = ''; }
+    else { el.select(); }
+    return 'ok';
+  }
+  return 'not fillable: <' + tag + (el.type ? ' type=' + el.type : '') + '>';
+}"""
+_CLEAR = """function () {
+  document.execCommand('delete'); this.dispatchEvent(new Event('input', {bubbles: true})); }"""
+_LAYOUT_WIDTH = "document.documentElement ? document.documentElement.clientWidth : 0"
+_FOCUSED_EDITABLE = """(() => { const a = document.activeElement;
+  return !!a && (a.isContentEditable || a.tagName === 'INPUT' || a.tagName === 'TEXTAREA'); })()"""
+_DOM = """(() => { const s = document.documentElement ? document.documentElement.outerHTML : '';
+  return {length: s.length, html: s.slice(0, %d)}; })()"""
+#: Playwright's selector engines other than CSS, in the page: ``(engine, body) => Element | null``.
+#: ``text=`` is a case-insensitive, whitespace-collapsed substring match (a quoted body is an exact
+#: match) of the deepest element that holds it, as Playwright's; ``xpath=`` the first node in
+#: document order (a text node gives its parent).
+_RESOLVE = """(engine, body) => {
+  const norm = s => s.replace(/\\s+/g, ' ').trim();
+  if (engine === 'css') return document.querySelector(body);
+  if (engine === 'id') return document.getElementById(body);
+  if (engine === 'data-testid') return document.querySelector('[data-testid="' + CSS.escape(body) + '"]');
+  if (engine === 'xpath') {
+    const r = document.evaluate(body, document, null, XPathResult.FIRST_ORDERED_NODE_TYPE, null)
+      .singleNodeValue;
+    return !r ? null : (r.nodeType === 1 ? r : r.parentElement);
+  }
+  let exact = false, want = body;
+  if (want.length >= 2 && (want[0] === '"' || want[0] === "'") && want[want.length - 1] === want[0]) {
+    exact = true; want = want.slice(1, -1);
+  }
+  want = exact ? norm(want) : norm(want).toLowerCase();
+  const skip = new Set(['SCRIPT', 'STYLE', 'HEAD', 'NOSCRIPT', 'TEMPLATE']);
+  const test = el => {
+    if (skip.has(el.tagName)) return false;
+    const t = norm(el.textContent || '');
+    return exact ? t === want : t.toLowerCase().includes(want);
+  };
+  const root = document.body || document.documentElement;
+  if (!root) return null;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_ELEMENT);
+  for (let el = walker.currentNode; el; el = walker.nextNode()) {
+    if (test(el) && ![...el.children].some(test)) return el;
+  }
+  return null;
+}"""
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+class ChromiumDriver:
+    """The browser_use verbs on one page. Made by :func:`open_chromium`."""
+
+    def __init__(self, conn: CDPConnection, page: CDPSession, target_id: str, console: Subscription,
+                 *, viewport: Display = BOOT_VIEWPORT) -> None:
+        self.conn = conn
+        self.page = page
+        self.target_id = target_id
+        self.viewport = viewport
+        self.pointer: tuple[int, int] = (0, 0)
+        self.button_down = False
+        #: How long a navigation may take to answer and then to load.
+        self.load_timeout_s = LOAD_TIMEOUT_S
+        self._console_sub = console
+        self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
+        self._console_dropped = 0
+        self._input_lock = trio.Lock()
+        self._world_id: int | None = None
+        self._contexts = page.open_subscription(
+            {"Runtime.executionContextDestroyed", "Runtime.executionContextsCleared",
+             "Page.frameNavigated"}, limit=64)
+        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
+            spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
+        }
+
+    # -- setup -------------------------------------------------------------------------------
+
+    async def _setup(self) -> None:
+        for method in ("Page.enable", "Runtime.enable", "DOM.enable", "Network.enable"):
+            await self.page.send(method)
+        await self.page.send("Page.setLifecycleEventsEnabled", {"enabled": True})
+        await self.page.send("Emulation.setFocusEmulationEnabled", {"enabled": True})
+        await self._set_metrics(self.viewport)
+
+    async def _set_metrics(self, size: Display) -> None:
+        await self.page.send("Emulation.setDeviceMetricsOverride", {
+            "width": size.width, "height": size.height, "deviceScaleFactor": 1, "mobile": False,
+        })
+
+    async def answer_dialogs(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Dismiss every JavaScript dialog (accept ``beforeunload``) and note it in the console."""
+        with self.page.subscribe({"Page.javascriptDialogOpening"}, limit=16) as sub:
+            task_status.started()
+            while True:
+                try:
+                    event = await sub.receive()
+                except CDPError:
+                    return
+                kind = event.params.get("type")
+                self._note_console(console_line(Event("dialog", None, {
+                    "type": str(kind)[:20], "message": str(event.params.get("message", ""))[:500],
+                })))
+                with contextlib.suppress(CDPError):
+                    await self.page.send("Page.handleJavaScriptDialog",
+                                         {"accept": kind == "beforeunload"})
+
+    def _note_console(self, line: str) -> None:
+        if len(self._console) == self._console.maxlen:
+            self._console_dropped += 1
+        self._console.append(line)
+
+    # -- verbs -------------------------------------------------------------------------------
+
+    async def perform(self, action: Action) -> dict[str, Any]:
+        """Run one parsed browser_use action; the result is the verb's RPC answer."""
+        handler = self.verbs.get(action.verb)
+        if handler is None or not isinstance(action, BrowserAction):
+            raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
+        return await handler(action)
+
+    async def _history(self) -> History:
+        return await self.page.call("Page.getNavigationHistory", None, parse_history)
+
+    async def _world(self) -> int:
+        """The execution context of rigd's isolated world in the current document.
+
+        rigd's scripts run there, not in the page's world: the DOM is shared, but
+        the page's JavaScript (a replaced ``String.prototype.slice``, a getter on
+        ``window.scrollX``) cannot reach them. A new document destroys the world;
+        the events saying so are read before each use.
+        """
+        if self._contexts.dropped:  # too many to know: start afresh
+            self._contexts.dropped, self._world_id = 0, None
+        for event in self._contexts.drain():
+            gone = event.params.get("executionContextId")
+            if event.method == "Runtime.executionContextsCleared" or gone == self._world_id:
+                self._world_id = None
+            elif event.method == "Page.frameNavigated" and self._main_frame_moved(event):
+                # Also a back-forward cache restore, whose old world is frozen, not destroyed.
+                self._world_id = None
+        if self._world_id is None:
+            self._world_id = await self.page.call(
+                "Page.createIsolatedWorld", {"frameId": self.target_id, "worldName": WORLD_NAME},
+                lambda f: f.integer("executionContextId", 1, 2**31))
+        return self._world_id
+
+    async def _in_world(self, method: str, params: dict[str, Any], key: str,
+                        parse: Callable[[Fields], T], timeout: float | None = None) -> T:
+        """``method`` with ``key`` set to rigd's world; once more in a new world if the
+        document changed under the first attempt."""
+        for attempt in (1, 2):
+            world = await self._world()
+            try:
+                return await self.page.call(method, {**params, key: world}, parse, timeout=timeout)
+            except CDPCommandFailed as exc:
+                if attempt == 2 or "context" not in exc.cdp_message.lower():
+                    raise
+                self._world_id = None
+        raise AssertionError("unreachable")
+
+    async def _eval(self, expression: str, *, timeout: float | None = None,
+                    await_promise: bool = False, gesture: bool = False, main_world: bool = False) -> Any:
+        """An expression's JSON value, evaluated in rigd's isolated world (``main_world``:
+        in the page's own, to read its globals; tests do)."""
+        params = {"expression": expression, "returnByValue": True, "awaitPromise": await_promise,
+                  "userGesture": gesture}
+        if main_world:
+            return await self.page.call("Runtime.evaluate", params, parse_value, timeout=timeout)
+        return await self._in_world("Runtime.evaluate", params, "contextId", parse_value, timeout)
+
+    async def _page_json(self) -> dict[str, Any]:
+        """The page's URL (the browser's) and title (the document's: the browser's copy
+        trails the renderer's; a page too busy to answer gets the browser's)."""
+        entry = (await self._history()).entry
+        title = entry.title
+        with contextlib.suppress(CDPError):
+            got = await self._eval(f"document.title.substring(0, {TITLE_MAX_CHARS})",
+                                   timeout=TITLE_TIMEOUT_S)
+            if isinstance(got, str):
+                title = got
+        return {"url": entry.url[:8192], "title": _text_json(title[:TITLE_MAX_CHARS], 4096)}
+
+    async def _wait_load(self, sub: Subscription, loader_id: str | None, timeout: float) -> bool:
+        """Wait for ``load`` of ``loader_id`` on the main frame (the first loader to start
+        when None). False when it did not come in time."""
+        want = loader_id
+        with trio.move_on_after(timeout):
+            while True:
+                p = (await sub.receive()).params
+                if p.get("frameId") != self.target_id:
+                    continue
+                if want is None and p.get("name") == "init" and isinstance(p.get("loaderId"), str):
+                    want = p["loaderId"]
+                elif p.get("name") == "load" and want is not None and p.get("loaderId") == want:
+                    return True
+        return False
+
+    async def _do_navigate(self, a: bv.BrowserNavigate) -> dict[str, Any]:
+        with self.page.subscribe({"Page.lifecycleEvent"}) as life, \
+                self.page.subscribe({"Network.responseReceived"}, limit=64) as responses:
+            nav = await self.page.call("Page.navigate", {"url": a.url}, parse_navigate,
+                                       timeout=self.load_timeout_s)
+            if nav.error_text is not None:
+                raise PageError(f"navigate: the page did not load: {nav.error_text}")
+            loaded = True if nav.loader_id is None else await self._wait_load(
+                life, nav.loader_id, self.load_timeout_s)
+            status = _document_status(responses.drain(), nav.loader_id)
+        out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": status}
+        if nav.loader_id is None:
+            out["note"] = "a same-document navigation (a fragment or history.pushState): nothing loaded"
+        elif not loaded:
+            out["note"] = (f"the page had not fired load within {self.load_timeout_s:g} s; "
+                           "it may still be loading")
+        return out
+
+    async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
+        with self.page.subscribe({"Page.lifecycleEvent"}) as life:
+            await self.page.send("Page.reload", {"ignoreCache": a.hard})
+            loaded = await self._wait_load(life, None, self.load_timeout_s)
+        return {**await self._page_json(), "hard": a.hard, "loaded": loaded}
+
+    async def _do_stop_loading(self, _a: bv.BrowserStopLoading) -> dict[str, Any]:
+        await self.page.send("Page.stopLoading")
+        return {**await self._page_json(), "stopped": True}
+
+    # -- elements --
+
+    async def _query(self, selector: str) -> int:
+        """The node id of the first element ``selector`` matches; a field error otherwise."""
+        node = await self._find(selector)
+        if node == 0:
+            raise FieldError("action.selector", "matches no element on the page")
+        return node
+
+    async def _find(self, selector: str) -> int:
+        """The node id of the first element ``selector`` matches, 0 for none; a field error
+        when the selector is invalid."""
+        engine, body = selector_engine(selector)
+        # Node ids exist only for a document the client has asked for (DOM.requestNode
+        # answers 0 otherwise), and a new document starts over: ask every time.
+        root = await self.page.call("DOM.getDocument", {"depth": 0},
+                                    lambda f: f.obj("root").integer("nodeId", 1, 2**31))
+        if engine == "css":
+            try:
+                node = await self.page.call("DOM.querySelector", {"nodeId": root, "selector": body},
+                                            lambda f: f.integer("nodeId", 0, 2**31))
+            except CDPCommandFailed as exc:
+                raise FieldError("action.selector", "is not a valid CSS selector") from exc
+        else:
+            object_id = await self._resolve(engine, body)
+            node = 0 if object_id is None else await self.page.call(
+                "DOM.requestNode", {"objectId": object_id}, lambda f: f.integer("nodeId", 0, 2**31))
+        return node
+
+    async def _resolve(self, engine: str, body: str) -> str | None:
+        """The remote object id of the element a non-CSS engine finds, or None."""
+        def element(f: Fields) -> str | None:
+            if f.has("exceptionDetails"):
+                rule = "a valid XPath expression" if engine == "xpath" else f"a valid {engine} selector"
+                raise FieldError("action.selector", f"is not {rule}")
+            obj = f.obj("result")
+            if obj.string("type", 32) != "object" or obj.raw("subtype") != "node":
+                return None
+            return obj.string("objectId", 256)
+
+        expression = f"({_RESOLVE})({json.dumps(engine)}, {json.dumps(body)})"
+        return await self._in_world("Runtime.evaluate", {"expression": expression}, "contextId", element)
+
+    async def _element_point(self, selector: str) -> tuple[int, int]:
+        node = await self._query(selector)
+        with contextlib.suppress(CDPCommandFailed):  # an element without layout has no box: below
+            await self.page.send("DOM.scrollIntoViewIfNeeded", {"nodeId": node})
+        try:
+            centre = await self.page.call("DOM.getContentQuads", {"nodeId": node}, _quad_centre)
+        except CDPCommandFailed:
+            centre = None
+        if centre is None:
+            raise FieldError("action.selector", "matches an element that is not rendered (it has no box)")
+        x, y = math.floor(centre[0]), math.floor(centre[1])
+        if not (0 <= x < self.viewport.width and 0 <= y < self.viewport.height):
+            raise FieldError("action.selector", f"matches an element whose centre ({x}, {y}) is outside "
+                                                f"the {self.viewport.width}x{self.viewport.height} viewport")
+        return x, y
+
+    async def _object_id(self, node: int) -> str:
+        return await self._in_world("DOM.resolveNode", {"nodeId": node}, "executionContextId",
+                                    lambda f: f.obj("object").string("objectId", 256))
+
+    async def _call_on(self, object_id: str, function: str) -> Any:
+        return await self.page.call("Runtime.callFunctionOn", {
+            "objectId": object_id, "functionDeclaration": function, "returnByValue": True,
+        }, parse_value)
+
+    # -- pointer --
+
+    def _check_point(self, point: tuple[int, int], field: str) -> None:
+        x, y = point
+        if not (0 <= x < self.viewport.width and 0 <= y < self.viewport.height):
+            raise FieldError(field, f"({x}, {y}) is outside the {self.viewport.width}x"
+                                    f"{self.viewport.height} viewport")
+
+    async def _mouse(self, kind: str, point: tuple[int, int], **extra: Any) -> None:
+        buttons = 1 if self.button_down else 0
+        params = {"type": kind, "x": point[0], "y": point[1], "buttons": buttons, **extra}
+        await self.page.send("Input.dispatchMouseEvent", params)
+        self.pointer = point
+
+    async def _press(self, point: tuple[int, int], down: bool, clicks: int = 1) -> None:
+        self.button_down = down
+        await self._mouse("mousePressed" if down else "mouseReleased", point, button="left",
+                          clickCount=clicks)
+
+    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
+        async with self._input_lock:
+            if a.selector is not None:
+                point = await self._element_point(a.selector)
+            else:
+                assert a.coordinate is not None
+                point = a.coordinate
+                self._check_point(point, "action.coordinate")
+            await self._mouse("mouseMoved", point)
+            await self._press(point, True)
+            await self._press(point, False)
+        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
+        if a.selector is not None:
+            out["selector"] = a.selector
+        return out
+
+    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
+        self._check_point(a.coordinate, "action.coordinate")
+        async with self._input_lock:
+            await self._mouse("mouseMoved", a.coordinate)
+        return {"coordinate": list(a.coordinate)}
+
+    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
+        self._check_point(a.start, "action.start_coordinate")
+        self._check_point(a.end, "action.coordinate")
+        async with self._input_lock:
+            await self._mouse("mouseMoved", a.start)
+            await self._press(a.start, True)
+            for step in range(1, DRAG_STEPS + 1):
+                x = a.start[0] + (a.end[0] - a.start[0]) * step // DRAG_STEPS
+                y = a.start[1] + (a.end[1] - a.start[1]) * step // DRAG_STEPS
+                await self._mouse("mouseMoved", (x, y))
+            await self._press(a.end, False)
+        return {"from": list(a.start), "to": list(a.end)}
+
+    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._press(self.pointer, True)
+        return {"coordinate": list(self.pointer), "button": "left", "down": True}
+
+    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._press(self.pointer, False)
+        return {"coordinate": list(self.pointer), "button": "left", "down": False}
+
+    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
+        point = a.coordinate if a.coordinate is not None else self.pointer
+        self._check_point(point, "action.coordinate")
+        px = a.amount * WHEEL_NOTCH_PX
+        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
+                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
+        async with self._input_lock:
+            if point != self.pointer:
+                await self._mouse("mouseMoved", point)
+            await self._mouse("mouseWheel", point, deltaX=dx, deltaY=dy)
+        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point)}
+        position = await self._scroll_settled()
+        if position is not None:
+            out["scrollPosition"] = {"x": position[0], "y": position[1]}
+        return out
+
+    async def _scroll_position(self) -> tuple[int, int] | None:
+        got = await self._eval("[window.scrollX, window.scrollY]")
+        if isinstance(got, list) and len(got) == 2 and all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in got):
+            return round(got[0]), round(got[1])
+        return None
+
+    async def _scroll_settled(self) -> tuple[int, int] | None:
+        """The page's scroll position once it stops changing (a smooth scroll animates)."""
+        last = await self._scroll_position()
+        with trio.move_on_after(SCROLL_SETTLE_S):
+            while True:
+                await trio.sleep(0.05)
+                now = await self._scroll_position()
+                if now == last:
+                    break
+                last = now
+        return last
+
+    # -- keyboard --
+
+    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
+        focused = await self._eval(_FOCUSED_EDITABLE) is True
+        async with self._input_lock:
+            await self.page.send("Input.insertText", {"text": a.text})
+        out: dict[str, Any] = {"characters": len(a.text), "via": "insertText", "focusedEditable": focused}
+        if not focused:
+            out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
+                           "have gone nowhere; click the field (or use fill) first")
+        return out
+
+    async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
+        node = await self._query(a.selector)
+        obj = await self._object_id(node)
+        with contextlib.suppress(CDPCommandFailed):
+            await self.page.send("DOM.scrollIntoViewIfNeeded", {"nodeId": node})
+        verdict = await self._call_on(obj, _FILL_PREPARE)
+        if verdict == "disabled":
+            raise FieldError("action.selector", "matches a field that is disabled or read-only")
+        if verdict != "ok":
+            raise FieldError("action.selector", f"matches an element that is {str(verdict)[:80]}; fill "
+                                                "takes an input, textarea or contenteditable element")
+        async with self._input_lock:
+            if a.text:
+                await self.page.send("Input.insertText", {"text": a.text})
+            else:
+                await self._call_on(obj, _CLEAR)
+        return {"selector": a.selector, "characters": len(a.text)}
+
+    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
+        async with self._input_lock:
+            for params in plan_press(a.combo):
+                await self.page.send("Input.dispatchKeyEvent", params)
+        return {"key": str(a.combo)}
+
+    # -- observations --
+
+    async def _do_extract(self, a: bv.BrowserExtract) -> dict[str, Any]:
+        page = await self._page_json()
+        if a.kind is ExtractKind.DOM:
+            got = await self._eval(_DOM % EXTRACT_MAX_BYTES, timeout=30)
+            if not (isinstance(got, dict) and isinstance(got.get("html"), str)
+                    and isinstance(got.get("length"), int)):
+                raise CDPProtocolError("extract dom: the page's answer has no html")
+            content = _text_json(got["html"], EXTRACT_MAX_BYTES)
+            if got["length"] > len(got["html"]):
+                content["truncated"] = True
+                content["note"] = (f"the document's HTML is {got['length']} characters; only the first "
+                                   f"{EXTRACT_MAX_BYTES} bytes were kept")
+            return {"kind": "dom", **page, "content": content}
+        if a.kind is ExtractKind.A11Y:
+            nodes = await self.page.call("Accessibility.getFullAXTree", None, parse_ax_tree, timeout=30)
+            return {"kind": "a11y", **page, "source": "chromium accessibility tree",
+                    "nodes": len(nodes), "content": _text_json(render_ax(nodes), EXTRACT_MAX_BYTES)}
+        for event in self._console_sub.drain():
+            self._note_console(console_line(event))
+        dropped = self._console_sub.dropped + self._console_dropped
+        lines = list(self._console)
+        self._console.clear()
+        self._console_sub.dropped = self._console_dropped = 0
+        out = {"kind": "console", **page, "entries": len(lines),
+               "since": "the previous console extract (or the rig's start)",
+               "content": _text_json("\n".join(lines), EXTRACT_MAX_BYTES)}
+        if dropped:
+            out["note"] = f"{dropped} older console entries were dropped (at most {CONSOLE_KEEP} are kept)"
+        return out
+
+    async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
+        cap = AGENT_STILL_MAX
+        params: dict[str, Any] = {"format": "jpeg", "quality": 75}
+        notes: list[str] = []
+        page_size = None
+        vw, vh = self.viewport.width, self.viewport.height
+        if a.full_page:
+            m = await self.page.call("Page.getLayoutMetrics", None, parse_layout)
+            width = max(1, math.ceil(m.content_w))
+            height = max(1, math.ceil(m.content_h))
+            page_size = {"width": width, "height": height}
+            if height > FULL_PAGE_MAX_HEIGHT:
+                notes.append(f"the page is {height} px tall; only the top {FULL_PAGE_MAX_HEIGHT} px "
+                             "were captured")
+                height = FULL_PAGE_MAX_HEIGHT
+            scale = min(1.0, cap.width / width)
+            params.update(captureBeyondViewport=True,
+                          clip={"x": 0, "y": 0, "width": width, "height": height, "scale": scale})
+        else:
+            scale = min(1.0, cap.width / vw, cap.height / vh)
+            if scale < 1.0:
+                m = await self.page.call("Page.getLayoutMetrics", None, parse_layout)
+                params["clip"] = {"x": m.page_x, "y": m.page_y, "width": vw, "height": vh, "scale": scale}
+        layout_width = await self._eval(_LAYOUT_WIDTH) if a.full_page else None
+        try:
+            data = await self.page.call("Page.captureScreenshot", params, _image_bytes, timeout=60)
+        finally:
+            if a.full_page:
+                # captureBeyondViewport leaves the page without its scrollbar (its layout
+                # 15 px wider) until the metrics change; clearing and setting them again
+                # puts the page back as it was (a screenshot is an observation), once the
+                # renderer has laid it out again.
+                with trio.CancelScope(shield=True), contextlib.suppress(CDPError):
+                    await self.page.send("Emulation.clearDeviceMetricsOverride")
+                    await self._set_metrics(self.viewport)
+                    with trio.move_on_after(2):
+                        # No event says "laid out again": poll the layout width.
+                        while await self._eval(_LAYOUT_WIDTH) != layout_width:  # noqa: ASYNC110
+                            await trio.sleep(0.02)
+        iw, ih = _jpeg_size(data)
+        out: dict[str, Any] = {
+            "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
+            "display": self.viewport.to_json(),
+            "imageSize": {"width": iw, "height": ih},
+            "scale": round(1 / scale, 6),
+            "fullPage": a.full_page,
+            "source": "cdp",
+        }
+        notes.insert(0, "scale is CSS pixels per image pixel: image point (x, y) is "
+                        + ("page" if a.full_page else "viewport") + " point (x*scale, y*scale)")
+        if page_size is not None:
+            out["pageSize"] = page_size
+        out["note"] = "; ".join(notes)
+        return out
+
+    async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
+        size = Display(a.width, a.height)
+        changed = size != self.viewport
+        await self._set_metrics(size)
+        got = await self._eval("[window.innerWidth, window.innerHeight]")
+        if got != [a.width, a.height]:
+            raise PageError(f"the page reports a {got!r:.40} viewport after set_viewport "
+                            f"{a.width}x{a.height}")
+        self.viewport = size
+        self.pointer = (min(self.pointer[0], a.width - 1), min(self.pointer[1], a.height - 1))
+        return {"display": size.to_json(), "changed": changed}
+
+    async def _do_history(self, a: bv.BrowserHistory) -> dict[str, Any]:
+        history = await self._history()
+        back = a.direction is HistoryDirection.BACK
+        index = history.current + (-1 if back else 1)
+        if not 0 <= index < len(history.entries):
+            raise FieldError("action.direction",
+                             f"there is no {'earlier' if back else 'later'} page in this tab's history")
+        target = history.entries[index]
+        loaded = False
+        with trio.move_on_after(self.load_timeout_s), \
+                self.page.subscribe({"Page.frameNavigated", "Page.navigatedWithinDocument"}) as moved:
+            await self.page.send("Page.navigateToHistoryEntry", {"entryId": target.id})
+            # The history index moves before the document does (it counts the pending
+            # entry): wait for the main frame to commit, then for its readyState.
+            await moved.wait_for(self._main_frame_moved, self.load_timeout_s)
+            while True:
+                with contextlib.suppress(CDPError):
+                    if await self._eval("document.readyState") == "complete":
+                        loaded = True
+                        break
+                await trio.sleep(0.05)
+        out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
+        if not loaded:
+            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
+        return out
+
+    def _main_frame_moved(self, event: Event) -> bool:
+        if event.method == "Page.navigatedWithinDocument":
+            return event.params.get("frameId") == self.target_id
+        frame = event.params.get("frame")
+        return isinstance(frame, dict) and frame.get("id") == self.target_id and not frame.get("parentId")
+
+    async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
+        engine, body = selector_engine(a.selector)
+        start = trio.current_time()
+        found = False
+        with trio.move_on_after(a.timeout_s):
+            while True:
+                # Each poll is a fresh query: a navigation meanwhile replaces the document.
+                with contextlib.suppress(CDPCommandFailed):
+                    if engine == "css":
+                        found = await self._find(a.selector) != 0
+                    else:
+                        found = await self._resolve(engine, body) is not None
+                if found:
+                    break
+                await trio.sleep(WAIT_FOR_POLL_S)
+        out: dict[str, Any] = {"selector": a.selector, "found": found,
+                               "waitedS": round(trio.current_time() - start, 3)}
+        if not found:
+            out["note"] = f"no element matched within {a.timeout_s:g} s"
+        return out
+
+    # -- clipboard --
+
+    async def _secure_origin(self, verb: str) -> str:
+        url = (await self._history()).entry.url
+        parts = urlsplit(url)
+        if parts.scheme == "http":
+            raise Conflict(
+                f"{verb}: this page is served over plain http://, which has no Clipboard API (it is not "
+                "a secure context); use type, which inserts at the caret without the clipboard",
+                reason="not a secure context", field="action.action",
+            )
+        if await self._eval("window.isSecureContext") is not True or parts.scheme != "https":
+            raise Conflict(f"{verb}: this page ({parts.scheme}:) is not a secure https:// context, so it has "
+                           "no Clipboard API; use type instead", reason="not a secure context",
+                           field="action.action")
+        origin = f"{parts.scheme}://{parts.netloc}"
+        await self.conn.send("Browser.grantPermissions", {
+            "origin": origin, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"],
+        })
+        return origin
+
+    async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
+        await self._secure_origin("clipboard_read")
+        text = await self._eval("navigator.clipboard.readText()", await_promise=True, gesture=True)
+        if not isinstance(text, str):
+            raise CDPProtocolError("clipboard_read: the page's answer is not text")
+        return {"selection": "clipboard", "content": _text_json(text, CLIPBOARD_MAX_BYTES)}
+
+    async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
+        await self._secure_origin("clipboard_write")
+        await self._eval(f"navigator.clipboard.writeText({json.dumps(a.text)})",
+                         await_promise=True, gesture=True)
+        return {"selection": "clipboard", "bytes": len(a.text.encode())}
+
+
+_ENGINES = ("css", "xpath", "text", "id", "data-testid")
+_UNSUPPORTED = ("role", "nth", "visible", "internal:text", "internal:role", "internal:label")
+
+
+def selector_engine(selector: str) -> tuple[str, str]:
+    """(engine, body) of a Playwright selector: ``css=``, ``xpath=``, ``text=``, ``id=``,
+    ``data-testid=``, a leading ``//`` (XPath) or quote (exact text), else CSS.
+
+    Chains (``>>``) and the engines the driver does not implement are a field error naming them.
+    """
+    head, sep, body = selector.partition("=")
+    if sep and head in _ENGINES:
+        engine = head
+    elif sep and head in _UNSUPPORTED:
+        raise FieldError("action.selector", f"the {head}= engine is not supported by the Chromium "
+                                            "driver yet; use css=, xpath=, text=, id= or data-testid=")
+    elif selector.startswith(("//", "(//", "..")):
+        engine, body = "xpath", selector
+    elif selector.startswith(('"', "'")):
+        engine, body = "text", selector
+    else:
+        engine, body = "css", selector
+    if ">>" in body and engine in ("css", "text"):
+        raise FieldError("action.selector", "chained selectors (>>) are not supported by the Chromium "
+                                            "driver yet; give one selector")
+    if not body:
+        raise FieldError("action.selector", f"names the {engine} engine but no selector after '='")
+    return engine, body
+
+
+def _document_status(events: list[Event], loader_id: str | None) -> int | None:
+    for event in events:
+        p = event.params
+        response = p.get("response")
+        if p.get("loaderId") == loader_id and p.get("type") == "Document" and isinstance(response, dict):
+            status = response.get("status")
+            if isinstance(status, int | float) and not isinstance(status, bool) and 0 <= status < 1000:
+                return int(status)
+    return None
+
+
+def _image_bytes(f: Fields) -> bytes:
+    text = f.string("data", IMAGE_MAX_BYTES * 4 // 3 + 4)
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise CDPProtocolError("Page.captureScreenshot: data is not base64") from exc
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int]:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format != "JPEG":
+                raise CDPProtocolError("Page.captureScreenshot: the image is not a JPEG")
+            return img.size
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise CDPProtocolError("Page.captureScreenshot: the image does not decode") from exc
+
+
+async def _page_target(conn: CDPConnection) -> str:
+    """The first page target, or a new blank one."""
+    def targets(f: Fields) -> list[str]:
+        return [t.string("targetId", 128) for t in f.objs("targetInfos", 1000)
+                if t.string("type", 64) == "page"]
+
+    found = await conn.call("Target.getTargets", None, targets)
+    if found:
+        return found[0]
+    return await conn.call("Target.createTarget", {"url": "about:blank"},
+                           lambda f: f.string("targetId", 128))
+
+
+@contextlib.asynccontextmanager
+async def open_chromium(conn: CDPConnection, *, viewport: Display = BOOT_VIEWPORT,
+                        target_id: str | None = None) -> AsyncIterator[ChromiumDriver]:
+    """A driver on ``target_id`` (default: the browser's first page), with its dialog task running."""
+    tid = target_id or await _page_target(conn)
+    page = await conn.attach(tid)
+    console = page.open_subscription({"Runtime.consoleAPICalled", "Runtime.exceptionThrown"},
+                                     limit=CONSOLE_KEEP)
+    driver = ChromiumDriver(conn, page, tid, console, viewport=viewport)
+    await driver._setup()
+    body_error: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.answer_dialogs)
+        try:
+            yield driver
+        except Exception as exc:
+            body_error = exc  # raised outside the nursery, unwrapped (as open_cdp does)
+        finally:
+            nursery.cancel_scope.cancel()
+            conn.unsubscribe(console)
+            conn.unsubscribe(driver._contexts)
+    if body_error is not None:
+        raise body_error
+
+
+__all__ = ["BOOT_VIEWPORT", "ChromiumDriver", "PageError", "open_chromium", "render_ax"]
