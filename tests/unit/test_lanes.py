@@ -121,6 +121,7 @@ def in_pieces(data: bytes, size: int = 7000) -> list[bytes]:
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
+    """A running lanes world (also the fixture of test_session and test_pages, via conftest)."""
     w = World(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.rigs.run)

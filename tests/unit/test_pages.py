@@ -4,26 +4,14 @@ CSP, from the package; the shell for both page routes. Quart's test client: no s
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import trio
 
 from rigd.server.pages import CSP, HOME, WEB, load_assets
 from tests.unit.test_lanes import World
 from tests.unit.test_session import app_of
 
 pytestmark = pytest.mark.trio
-
-
-@pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    w = World(tmp_path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.rigs.run)
-        yield w
-        nursery.cancel_scope.cancel()
 
 
 async def test_root_leads_to_the_rigs_screen(world: World) -> None:

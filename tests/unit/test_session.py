@@ -4,11 +4,8 @@ cross-origin state changes refused. Quart's test client and direct ASGI calls: n
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import trio
 
 from rigd.server.app import ServerContext, create_app
 from rigd.server.rpc import Dispatcher
@@ -16,15 +13,6 @@ from tests.unit.test_lanes import MP, World, multipart
 
 pytestmark = pytest.mark.trio
 ORIGIN = "http://rigd.test"
-
-
-@pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    w = World(tmp_path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.rigs.run)
-        yield w
-        nursery.cancel_scope.cancel()
 
 
 def app_of(world: World):  # type: ignore[no-untyped-def]
