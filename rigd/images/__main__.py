@@ -6,6 +6,9 @@ pack  --data-dir DIR [--cache-dir DIR]  make the warm pack of the default image
 pin   [--cache-dir DIR]                 re-resolve every lock file to today's archive
 desktop [--cache-dir DIR] [--find]      build the computer (desktop) image, or only find it
 import SOURCE --sha256 HEX --data-dir DIR   import a computer image (path or URL) if its digest matches
+browser [--engine E] [--find] [--offline] [--data-dir DIR]
+                                        build (or find) one engine's browser image; with a data
+                                        directory also its pack; prints the assets as JSON
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("build", "find", "pack", "pin", "desktop", "import"):
+    for name in ("build", "find", "pack", "pin", "desktop", "import", "browser"):
         p = sub.add_parser(name)
         p.add_argument(
             "--cache-dir", type=Path, default=None, help="default: $RIGD_CACHE_DIR or ~/.cache/rigd"
@@ -59,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--data-dir", type=Path, required=True)
         if name == "desktop":
             p.add_argument("--find", action="store_true", help="only find the built image; never build")
+        if name == "browser":
+            p.add_argument("--engine", default="chromium",
+                           help="chromium (default), firefox-esr, webkit2gtk-driver")
+            p.add_argument("--find", action="store_true", help="only find the built image; never build")
+            p.add_argument("--offline", action="store_true",
+                           help="rebuild from the .debs an earlier build kept")
+            p.add_argument("--data-dir", type=Path, default=None,
+                           help="also make the pack in this data directory")
         if name == "import":
             p.add_argument("source", help="a path, file:// or http(s):// URL of a qcow2 or a rigd-image.json")
             p.add_argument("--sha256", required=True, help="the digest the source must have")
@@ -81,6 +92,19 @@ def main(argv: list[str] | None = None) -> int:
 
             img = find_desktop(cache) if args.find else build_desktop(cache, log=_log)
             print(img.manifest_path)
+        elif args.cmd == "browser":
+            from rigd.images.browser import build_browser, ensure_browser_pack, find_browser, parse_engine
+
+            engine = parse_engine(args.engine)
+            b = find_browser(engine, cache) if args.find else build_browser(engine, cache, log=_log,
+                                                                            offline=args.offline)
+            doc = {"engine": b.engine.value, "revision": b.revision,
+                   **{k: str(v) for k, v in dataclasses.asdict(b.boot).items()}}
+            if args.data_dir is not None:
+                t0 = time.monotonic()
+                doc["pack"] = str(ensure_browser_pack(b, args.data_dir, lambda step: _log(f"pack: {step}")))
+                _log(f"pack: {doc['pack']} ({time.monotonic() - t0:.1f} s)")
+            print(json.dumps(doc, indent=1))
         elif args.cmd == "import":
             from rigd.images.importer import import_image
 

@@ -59,8 +59,10 @@ def _noop(_step: str) -> None:
     pass
 
 
-def pack_dir(data_dir: Path, digest: str) -> Path:
-    return data_dir / "rigs" / "smolvm-packs" / f"{oci.parse_digest(digest)}-{REVISION}"
+def pack_dir(data_dir: Path, digest: str, *, revision: str = REVISION, kind: str = "smolvm-packs") -> Path:
+    """``<dataDir>/rigs/<kind>/<digesthex>-<revision>``: a pack is keyed by its image and
+    the revision of what the rig expects in it (``tools-v1``; a browser's engine and audio lane)."""
+    return data_dir / "rigs" / kind / f"{oci.parse_digest(digest)}-{revision}"
 
 
 # --- whiteouts (pure) -------------------------------------------------------
@@ -217,7 +219,7 @@ def unpack_layers(layout: Path, manifest: oci.Manifest, tree: Path, state: Path)
 # --- the pack ---------------------------------------------------------------
 
 
-def _build(layout: Path, digest: str, out: Path, progress: Progress) -> None:
+def _build(layout: Path, digest: str, out: Path, progress: Progress, revision: str) -> None:
     t0 = time.monotonic()
     progress("verifying image")
     manifest = oci.load_manifest(layout, digest)
@@ -247,7 +249,7 @@ def _build(layout: Path, digest: str, out: Path, progress: Progress) -> None:
     (out / "rootfs.img").chmod(READ_ONLY_MODE)
     doc = {
         "format": PACK_FORMAT,
-        "revision": REVISION,
+        "revision": revision,
         "image_digest": digest,
         "layers": [layer.digest for layer in manifest.layers],
         "rootfs": "rootfs.img",
@@ -264,12 +266,14 @@ def ensure_pack(
     progress: Progress = _noop,
     *,
     digest: str | None = None,
+    revision: str = REVISION,
+    kind: str = "smolvm-packs",
 ) -> Path:
     """Return the path of the pack's ``rootfs.img``, building the pack if needed.
 
     ``image`` is either the built :class:`TerminalAssets` or an OCI layout
     directory, in which case ``digest`` (the manifest's ``sha256:…``) pins
-    which image in it to use.
+    which image in it to use. ``revision`` and ``kind`` place it (:func:`pack_dir`).
     """
     if isinstance(image, TerminalAssets):
         layout, digest = image.oci_layout, digest or image.image_digest
@@ -277,9 +281,9 @@ def ensure_pack(
         layout = image
         if digest is None:
             raise RigdError("ensure_pack: a digest is required with an OCI layout path", field="digest")
-    final = pack_dir(data_dir, digest)
+    final = pack_dir(data_dir, digest, revision=revision, kind=kind)
     d = cached_build(
-        final.parent, final.name, "pack", lambda out: _build(layout, digest, out, progress), _noop
+        final.parent, final.name, "pack", lambda out: _build(layout, digest, out, progress, revision), _noop
     )
     rootfs = d / "rootfs.img"
     if not rootfs.is_file() or not (d / "pack.json").is_file():

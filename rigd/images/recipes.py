@@ -49,6 +49,11 @@ class Recipes:
         return self.images / "terminal"
 
     @property
+    def browser_dir(self) -> Path:
+        """The browser image recipe, one image per engine (docs/images.md, "Browser image")."""
+        return self.images / "browser"
+
+    @property
     def desktop_dir(self) -> Path:
         """The computer (desktop) image recipe (docs/images.md, "Desktop image")."""
         return self.images / "desktop"

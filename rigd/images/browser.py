@@ -1,0 +1,157 @@
+"""Browser images: one Debian image per engine, booted as a microVM like a terminal.
+
+A browser rig boots the same kernel, initramfs and tools disk (with the same
+guest agent) as a terminal rig; only its root differs. That root is built by
+the terminal image's builder (:class:`rigd.images.terminal.OciImage`) from
+``images/browser/``: ``packages.txt`` (what every engine shares: PulseAudio
+and ffmpeg for the audio lane, curl for the readiness check, fonts) plus
+``engines/<engine>.txt``, and ``customize.sh`` run with the engine's name
+(it adds the unprivileged ``browser`` user and ``/etc/rigd/browser.json``).
+
+Each engine is its own image with its own cache key (``<cache>/browser-<engine>/<key>/``;
+the key hashes the shared recipe files, that engine's list and the engine's
+name, never another engine's list) and its own pack
+(``<dataDir>/rigs/browser-packs/<digesthex>-<engine>-audio-v1-<engine>/``):
+nothing is shared between engines but the boot assets. The .debs each
+engine's build downloaded are kept in ``<cache>/browser-debs/<engine>/``, so
+``offline=True`` rebuilds the same image with no network (see
+:mod:`rigd.images.terminal`); ``build.json`` lists every installed package
+and version.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigd.errors import FieldError, RigdError
+from rigd.images.assets import TerminalAssets
+from rigd.images.cache import Log, default_cache_dir
+from rigd.images.initramfs import build_initramfs, initramfs_key
+from rigd.images.kernel import KernelAsset, build_kernel, kernel_key
+from rigd.images.pack import ensure_pack, pack_dir
+from rigd.images.recipes import Recipes
+from rigd.images.terminal import OciImage, build_image, find_image, load_recipe_file, read_packages
+from rigd.images.tools import build_tools, tools_key
+
+
+class Engine(enum.StrEnum):
+    """A browser engine, named by its Debian package."""
+
+    CHROMIUM = "chromium"
+    FIREFOX_ESR = "firefox-esr"
+    WEBKIT = "webkit2gtk-driver"
+
+
+DEFAULT_ENGINE = Engine.CHROMIUM
+PACKS = "browser-packs"
+
+
+def parse_engine(value: object, field: str = "engine") -> Engine:
+    """An engine by name; anything else is a field error (never the default)."""
+    if isinstance(value, str):
+        try:
+            return Engine(value)
+        except ValueError:
+            pass
+    names = ", ".join(e.value for e in Engine)
+    raise FieldError(field, f"{field} must be one of {names}, not {value!r}")
+
+
+def browser_image(r: Recipes, engine: Engine, cache_dir: Path) -> OciImage:
+    d = r.browser_dir
+    recipe = copy.deepcopy(load_recipe_file(d / "recipe.json"))
+    audio = recipe.get("audio_revision")
+    if not isinstance(audio, str) or not audio:
+        raise RigdError(f"{d / 'recipe.json'}: audio_revision must be a string", field="audio_revision")
+    engine_list = d / "engines" / f"{engine.value}.txt"
+    labels = recipe["config"].setdefault("Labels", {})
+    labels["org.opencontainers.image.title"] = f"rigd browser ({engine.value})"
+    labels["dev.rigd.engine"] = engine.value
+    labels["dev.rigd.audio"] = f"{audio}-{engine.value}"
+    return OciImage(
+        kind=f"browser-{engine.value}",
+        recipe_dir=d,
+        packages=(*read_packages(d / "packages.txt"), *read_packages(engine_list)),
+        key_files=(d / "recipe.json", d / "packages.txt", d / "customize.sh", engine_list),
+        recipe=recipe,
+        builders=("terminal", "oci", "browser"),
+        hook_args=(engine.value,),
+        title=f"rigd browser ({engine.value})",
+        debs_dir=cache_dir / "browser-debs" / engine.value,
+        key_extra=(engine.value,),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserAssets:
+    """What a browser rig of one engine boots: the microVM assets with that engine's image."""
+
+    engine: Engine
+    #: kernel, initramfs, tools disk (shared with terminals) and this engine's OCI layout + digest.
+    boot: TerminalAssets
+    #: The pack revision: engine + audio lane (``chromium-audio-v1-chromium``).
+    revision: str
+
+
+def _revision(r: Recipes, engine: Engine, image: OciImage) -> str:
+    return f"{engine.value}-{image.recipe['audio_revision']}-{engine.value}"
+
+
+def build_browser(engine: Engine = DEFAULT_ENGINE, cache_dir: Path | None = None, *, log: Log = print,
+                  offline: bool = False) -> BrowserAssets:
+    """Build (or find in the cache) what a browser rig of ``engine`` boots.
+
+    Synchronous; minutes on a cold cache (mmdebstrap), a hash of the recipes
+    when cached. ``offline`` rebuilds from the .debs an earlier build kept.
+    """
+    cache = cache_dir or default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    r = Recipes.find()
+    t0 = time.monotonic()
+    kernel = build_kernel(r, cache, log)
+    initrd = build_initramfs(r, kernel, cache, log)
+    tools = build_tools(r, cache, log)
+    image = browser_image(r, engine, cache)
+    layout, digest = build_image(r, image, cache, log, offline=offline)
+    log(f"browser ({engine.value}): ready in {time.monotonic() - t0:.1f} s (cache {cache})")
+    boot = TerminalAssets(kernel=kernel.vmlinux, initrd=initrd, tools=tools.image, oci_layout=layout,
+                          image_digest=digest, kernel_release=kernel.release)
+    return BrowserAssets(engine, boot, _revision(r, engine, image))
+
+
+def find_browser(engine: Engine = DEFAULT_ENGINE, cache_dir: Path | None = None) -> BrowserAssets:
+    """The built assets of ``engine`` for the current recipes, without building anything."""
+    cache = cache_dir or default_cache_dir()
+    r = Recipes.find()
+    image = browser_image(r, engine, cache)
+    kdir = cache / "kernel" / kernel_key(r)
+    initrd = cache / "initrd" / initramfs_key(r) / "initrd.img"
+    tools = cache / "tools" / tools_key(r) / "tools.img"
+    found = find_image(r, image, cache)
+    missing = [name for name, ok in (("kernel", (kdir / "vmlinux").is_file()), ("initrd", initrd.is_file()),
+                                     ("tools", tools.is_file()), ("image", found is not None)) if not ok]
+    if missing or found is None:
+        raise RigdError(f"{engine.value} browser image not built; run "
+                        f"`python -m rigd.images browser --engine {engine.value}`",
+                        missing=missing, cache_dir=str(cache))
+    boot = TerminalAssets(kernel=kdir / "vmlinux", initrd=initrd, tools=tools, oci_layout=found[0],
+                          image_digest=found[1], kernel_release=KernelAsset(kdir).release)
+    return BrowserAssets(engine, boot, _revision(r, engine, image))
+
+
+def browser_pack_dir(data_dir: Path, assets: BrowserAssets) -> Path:
+    return pack_dir(data_dir, assets.boot.image_digest, revision=assets.revision, kind=PACKS)
+
+
+def ensure_browser_pack(assets: BrowserAssets, data_dir: Path,
+                        progress: Log = lambda _m: None) -> Path:
+    """The ``rootfs.img`` of this engine's pack in ``data_dir``, made if absent."""
+    return ensure_pack(assets.boot, data_dir, progress, revision=assets.revision, kind=PACKS)
+
+
+__all__ = ["DEFAULT_ENGINE", "BrowserAssets", "Engine", "browser_image", "browser_pack_dir",
+           "build_browser", "ensure_browser_pack", "find_browser", "parse_engine"]
