@@ -1,0 +1,53 @@
+"""What a Chromium DevTools endpoint says about itself (``GET /json/version``), parsed.
+
+Sans-I/O: bytes in, a typed value out. The bytes come from inside a guest
+(through the agent's exec of curl on guest loopback), so they are hostile:
+capped, decoded strictly, and every field is checked before it is believed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from rigd.errors import RigdError
+
+#: A real answer is ~500 bytes; anything past this is not DevTools.
+MAX_VERSION_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class DevToolsVersion:
+    #: e.g. "Chrome/156.0.8078.114" (headless=new names itself Chrome, not HeadlessChrome).
+    browser: str
+    protocol: str
+    user_agent: str
+    #: ws://127.0.0.1:<port>/devtools/browser/<id> (a guest-side address).
+    websocket_url: str
+
+    @property
+    def product(self) -> str:
+        """The product before the slash ("Chrome", "HeadlessChrome")."""
+        return self.browser.split("/", 1)[0]
+
+
+def parse_version(data: bytes) -> DevToolsVersion:
+    """Parse a ``/json/version`` body; a RigdError says what was wrong."""
+    if len(data) > MAX_VERSION_BYTES:
+        raise RigdError(f"DevTools /json/version answer is {len(data)} bytes (at most {MAX_VERSION_BYTES})")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RigdError(f"DevTools /json/version answer is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise RigdError("DevTools /json/version answer is not a JSON object")
+    fields: dict[str, str] = {}
+    for key in ("Browser", "Protocol-Version", "User-Agent", "webSocketDebuggerUrl"):
+        value = doc.get(key)
+        if not isinstance(value, str) or not value or len(value) > 1024:
+            raise RigdError(f"DevTools /json/version answer has no usable {key!r}", field=key)
+        fields[key] = value
+    if not fields["webSocketDebuggerUrl"].startswith("ws://"):
+        raise RigdError("DevTools webSocketDebuggerUrl is not a ws:// URL", field="webSocketDebuggerUrl")
+    return DevToolsVersion(browser=fields["Browser"], protocol=fields["Protocol-Version"],
+                           user_agent=fields["User-Agent"], websocket_url=fields["webSocketDebuggerUrl"])

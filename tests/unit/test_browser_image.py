@@ -1,0 +1,180 @@
+"""The browser image recipe, its keys and packs, the engine's launch and the DevTools
+answer parser — everything that needs no build and no VM (the real boot is
+tests/integration/test_browser_image.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rigd.backends.browser import chromium_launch_script, devtools_probe_script
+from rigd.errors import FieldError, RigdError
+from rigd.images.browser import Engine, browser_image, find_browser, parse_engine
+from rigd.images.pack import pack_dir
+from rigd.images.recipes import Recipes
+from rigd.images.terminal import (
+    OciImage,
+    deb_identity,
+    image_key,
+    local_repository,
+    mmdebstrap_argv,
+    terminal_image,
+    terminal_key,
+)
+from rigd.protocols.devtools import MAX_VERSION_BYTES, parse_version
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.fixture
+def r() -> Recipes:
+    return Recipes.find()
+
+
+def copy_recipes(r: Recipes, tmp_path: Path) -> Recipes:
+    """A checkout of just what the keys hash (images/ and the agent)."""
+    shutil.copytree(r.images, tmp_path / "images")
+    (tmp_path / "guest-agent").mkdir()
+    shutil.copy(r.agent, tmp_path / "guest-agent" / r.agent.name)
+    return Recipes(tmp_path)
+
+
+def test_every_engine_has_its_own_image_with_the_shared_packages(r: Recipes, tmp_path: Path) -> None:
+    images = {e: browser_image(r, e, tmp_path) for e in Engine}
+    keys = {image_key(r, i) for i in images.values()}
+    assert len(keys) == 3  # never shared between engines
+    for engine, img in images.items():
+        assert img.kind == f"browser-{engine.value}"
+        assert {"pulseaudio", "ffmpeg", "curl", engine.value} <= set(img.packages)
+        assert not ({e.value for e in Engine} - {engine.value}) & set(img.packages)
+        assert img.hook_args == (engine.value,)
+        assert img.recipe["config"]["Labels"]["dev.rigd.engine"] == engine.value
+        assert img.debs_dir == tmp_path / "browser-debs" / engine.value
+
+
+def test_an_engine_list_changes_only_that_engines_key(r: Recipes, tmp_path: Path) -> None:
+    c = copy_recipes(r, tmp_path / "co")
+    before = {e: image_key(c, browser_image(c, e, tmp_path)) for e in Engine}
+    term = terminal_key(c)
+    with (c.browser_dir / "engines" / "firefox-esr.txt").open("a") as f:
+        f.write("fonts-noto-core\n")
+    after = {e: image_key(c, browser_image(c, e, tmp_path)) for e in Engine}
+    assert after[Engine.FIREFOX_ESR] != before[Engine.FIREFOX_ESR]
+    assert after[Engine.CHROMIUM] == before[Engine.CHROMIUM]
+    assert after[Engine.WEBKIT] == before[Engine.WEBKIT]
+    (c.browser_dir / "packages.txt").write_text((c.browser_dir / "packages.txt").read_text() + "jq\n")
+    assert all(image_key(c, browser_image(c, e, tmp_path)) != after[e] for e in Engine)
+    assert terminal_key(c) == term  # the terminal image does not hash the browser recipe
+
+
+def test_an_unknown_engine_is_a_field_error_never_the_default() -> None:
+    assert parse_engine("firefox-esr") is Engine.FIREFOX_ESR
+    for bad in ("chrome", "", None, 3, "Chromium"):
+        with pytest.raises(FieldError) as info:
+            parse_engine(bad)
+        assert info.value.field == "engine"
+
+
+def test_packs_are_keyed_by_image_engine_and_audio_lane(tmp_path: Path) -> None:
+    assert pack_dir(tmp_path, DIGEST) == tmp_path / "rigs/smolvm-packs" / ("ab" * 32 + "-tools-v1")
+    p = pack_dir(tmp_path, DIGEST, revision="chromium-audio-v1-chromium", kind="browser-packs")
+    assert p == tmp_path / "rigs/browser-packs" / ("ab" * 32 + "-chromium-audio-v1-chromium")
+
+
+def test_find_browser_says_how_to_build(tmp_path: Path) -> None:
+    with pytest.raises(RigdError) as info:
+        find_browser(Engine.CHROMIUM, tmp_path)
+    assert "python -m rigd.images browser --engine chromium" in info.value.message
+
+
+def test_mmdebstrap_keeps_debs_runs_the_hook_with_the_engine_and_terminal_is_unchanged(
+    r: Recipes, tmp_path: Path
+) -> None:
+    img = browser_image(r, Engine.CHROMIUM, tmp_path)
+    argv = mmdebstrap_argv(r, img, tmp_path / "x.tar", debs_in=tmp_path / "in", debs_out=tmp_path / "out")
+    hooks = [a for a in argv if a.startswith(("--setup-hook", "--customize-hook"))]
+    assert hooks[1] == f"--setup-hook=sync-in {tmp_path / 'in'} /var/cache/apt/archives/"
+    assert hooks[-2] == f"--customize-hook=sync-out /var/cache/apt/archives {tmp_path / 'out'}"
+    assert hooks[-1].endswith('customize.sh "$1" chromium')
+    assert argv[-1] == str(r.sources)
+    # The terminal's command line is what it was before images learned engines.
+    t = mmdebstrap_argv(r, terminal_image(r), tmp_path / "t.tar")
+    assert [a for a in t if "hook" in a] == [f'--customize-hook=sh {r.terminal_dir / "customize.sh"} "$1"']
+
+
+def test_offline_builds_use_the_kept_debs_and_give_the_image_the_archives_sources(
+    r: Recipes, tmp_path: Path
+) -> None:
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    with pytest.raises(RigdError, match="none"):
+        local_repository(debs, tmp_path)
+    if shutil.which("dpkg-scanpackages") is None or shutil.which("dpkg-deb") is None:
+        pytest.skip("needs dpkg-scanpackages and dpkg-deb")
+    pkg = tmp_path / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: rigd-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n")
+    subprocess.run(["dpkg-deb", "-Zgzip", "--build", str(pkg), str(debs / "rigd-hello_1.0_all.deb")],
+                   check=True, capture_output=True, timeout=30)
+    src = local_repository(debs, tmp_path)
+    assert src.name == "debian.sources"  # so mmdebstrap names it as it names the archive's
+    assert f"URIs: file://{debs}" in src.read_text() and "Trusted: yes" in src.read_text()
+    assert "Package: rigd-hello" in (debs / "Packages").read_text()
+    img = browser_image(r, Engine.CHROMIUM, tmp_path)
+    fake_src = tmp_path / "debian.sources"
+    argv = mmdebstrap_argv(r, img, tmp_path / "x.tar", sources=fake_src)
+    assert argv[-1] == str(fake_src)
+    assert f'--customize-hook=cp {r.sources} "$1"/etc/apt/sources.list.d/0000debian.sources' in argv
+
+
+def test_deb_file_names_give_package_and_version() -> None:
+    assert deb_identity("libc6_2.36-9+deb12u14_amd64.deb") == ("libc6", "2.36-9+deb12u14")
+    assert deb_identity("zlib1g_1%3a1.2.13.dfsg-1_amd64.deb") == ("zlib1g", "1:1.2.13.dfsg-1")
+    assert deb_identity("Packages") is None
+    assert deb_identity("odd_name.deb") is None
+
+
+def test_chromium_starts_unprivileged_headless_on_guest_loopback_with_a_fresh_profile() -> None:
+    s = chromium_launch_script()
+    assert "--headless=new" in s and "--remote-debugging-port=9223" in s
+    assert "--remote-debugging-address=127.0.0.1" in s
+    assert "setpriv --reuid=browser --regid=browser" in s and "--inh-caps=-all" in s
+    assert 'mktemp -d /tmp/rigd-profile.' in s and '--user-data-dir="$p"' in s
+    assert "env -i" in s and "--no-sandbox" not in s
+    assert "--no-sandbox" in chromium_launch_script(sandbox=False)
+    assert "http://127.0.0.1:9223/json/version" in devtools_probe_script()
+
+
+def _version(**over: object) -> bytes:
+    doc: dict[str, object] = {
+        "Browser": "Chrome/156.0.8078.114", "Protocol-Version": "1.3",
+        "User-Agent": "Mozilla/5.0 (X11; Linux x86_64) Chrome/156.0.0.0 Safari/537.36",
+        "V8-Version": "15.6", "WebKit-Version": "537.36",
+        "webSocketDebuggerUrl": "ws://127.0.0.1:9223/devtools/browser/1c4b",
+    }
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+def test_devtools_version_is_parsed_and_a_hostile_answer_refused() -> None:
+    v = parse_version(_version())
+    assert v.product == "Chrome" and v.protocol == "1.3"
+    assert v.websocket_url.startswith("ws://127.0.0.1:9223/")
+    for bad in (
+        b"", b"\xff\xfe", b"[]", b"null", _version(Browser=7), _version(Browser=""),
+        _version(webSocketDebuggerUrl="http://evil/"), _version(Browser="x" * 2000),
+        b" " * (MAX_VERSION_BYTES + 1),
+    ):
+        with pytest.raises(RigdError):
+            parse_version(bad)
+
+
+def test_oci_image_defaults_are_the_terminals(r: Recipes) -> None:
+    t = terminal_image(r)
+    assert isinstance(t, OciImage) and t.kind == "terminal" and t.debs_dir is None
+    assert t.builders == ("terminal", "oci") and t.hook_args == ()
