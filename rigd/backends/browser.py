@@ -66,6 +66,7 @@ CHROMIUM_FLAGS = (
     "--disable-default-apps",
     "--disable-breakpad",
     "--password-store=basic",
+    "--window-size=1280,800",  # the browser's boot display (RIGS.md §7)
 )
 
 
