@@ -219,9 +219,9 @@ def _build(r: Recipes, image: OciImage, out: Path, log: Log, *, offline: bool) -
         # holds is kept (a directory seeded from another build keeps nothing extra).
         (debs_out / "Packages").unlink(missing_ok=True)
         for deb in debs_out.iterdir():
-            ident = deb_identity(deb.name)
+            ident = deb_identity(deb.name) if deb.is_file() else None
             if ident is None or installed.get(ident[0]) != ident[1]:
-                deb.unlink()
+                remove_tree(deb)  # apt's partial/ directory, another build's .debs
         remove_tree(image.debs_dir)
         os.rename(debs_out, image.debs_dir)
     log(f"{what}: rootfs tarball {tar.stat().st_size >> 20} MiB in {t1 - t0:.0f} s; writing OCI layout")
