@@ -29,6 +29,7 @@ Output directory (``<cache>/<kind>/<key>/``)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -143,7 +144,9 @@ def mmdebstrap_argv(
             f"--setup-hook=sync-in {debs_in} /var/cache/apt/archives/",
         ]
     if debs_out is not None:
+        # mmdebstrap deletes the essential set's .debs once unpacked; keep them too.
         hooks += [
+            "--skip=essential/unlink",
             '--customize-hook=chroot "$1" apt-get -qq autoclean',
             f"--customize-hook=sync-out /var/cache/apt/archives {debs_out}",
         ]
@@ -167,8 +170,11 @@ def mmdebstrap_argv(
     ]
 
 
-def local_repository(debs: Path, work: Path) -> Path:
+def local_repository(debs: Path, work: Path, suite: str = "bookworm") -> Path:
     """A deb822 sources file naming ``debs`` as a flat, trusted repository (offline builds).
+
+    Its ``Release`` names ``suite`` as suite and codename (mmdebstrap selects the
+    essential and required packages of that suite) and the ``Packages`` index's sha256.
 
     The file is called ``debian.sources`` like the archive's, so mmdebstrap
     gives it the same name in the image (where a hook then puts the archive's back).
@@ -183,6 +189,12 @@ def local_repository(debs: Path, work: Path) -> Path:
     if res.returncode != 0:
         raise RigdError(f"dpkg-scanpackages failed: {res.stderr.decode(errors='replace')[-1000:]}")
     (debs / "Packages").write_bytes(res.stdout)
+    digest = hashlib.sha256(res.stdout).hexdigest()
+    (debs / "Release").write_text(
+        f"Origin: rigd\nLabel: rigd offline\nSuite: {suite}\nCodename: {suite}\n"
+        "Date: Wed, 01 Jan 2025 00:00:00 UTC\n"
+        f"Architectures: amd64 all\nSHA256:\n {digest} {len(res.stdout)} Packages\n"
+    )
     src = work / "debian.sources"
     src.write_text(f"Types: deb\nURIs: file://{debs}\nSuites: ./\nTrusted: yes\n")
     return src
@@ -201,7 +213,7 @@ def _build(r: Recipes, image: OciImage, out: Path, log: Log, *, offline: bool) -
         debs_out = out / ".debs"
         debs_out.mkdir()
         if offline:
-            sources = local_repository(image.debs_dir, out)
+            sources = local_repository(image.debs_dir, out, recipe["suite"])
     elif offline:
         raise RigdError(f"{what}: this image keeps no .debs, so it cannot be built offline")
     argv = mmdebstrap_argv(r, image, tar, sources=sources, debs_in=debs_in, debs_out=debs_out)
@@ -217,7 +229,8 @@ def _build(r: Recipes, image: OciImage, out: Path, log: Log, *, offline: bool) -
     if image.debs_dir is not None and debs_out is not None:
         # This build's .debs replace the previous build's, and only what the image
         # holds is kept (a directory seeded from another build keeps nothing extra).
-        (debs_out / "Packages").unlink(missing_ok=True)
+        for index in ("Packages", "Release"):
+            (debs_out / index).unlink(missing_ok=True)
         for deb in debs_out.iterdir():
             ident = deb_identity(deb.name) if deb.is_file() else None
             if ident is None or installed.get(ident[0]) != ident[1]:
