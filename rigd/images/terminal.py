@@ -29,6 +29,7 @@ Output directory (``<cache>/<kind>/<key>/``)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -207,6 +208,7 @@ def _build(r: Recipes, image: OciImage, out: Path, log: Log, *, offline: bool) -
     tar = out / ".rootfs.tar"
     sources = None
     debs_in = debs_out = None
+    argv_image = image
     if image.debs_dir is not None:
         image.debs_dir.mkdir(parents=True, exist_ok=True)
         debs_in = image.debs_dir
@@ -214,9 +216,13 @@ def _build(r: Recipes, image: OciImage, out: Path, log: Log, *, offline: bool) -
         debs_out.mkdir()
         if offline:
             sources = local_repository(image.debs_dir, out, recipe["suite"])
+            # Every kept package by name: the flat index's priorities are the .debs' own, not
+            # the archive's, so mmdebstrap's "required" set would differ (apt is not in it).
+            kept = sorted({i[0] for d in image.debs_dir.glob("*.deb") if (i := deb_identity(d.name))})
+            argv_image = dataclasses.replace(image, packages=(*image.packages, *kept))
     elif offline:
         raise RigdError(f"{what}: this image keeps no .debs, so it cannot be built offline")
-    argv = mmdebstrap_argv(r, image, tar, sources=sources, debs_in=debs_in, debs_out=debs_out)
+    argv = mmdebstrap_argv(r, argv_image, tar, sources=sources, debs_in=debs_in, debs_out=debs_out)
     mode = " (offline)" if offline else ""
     log(f"{what}: mmdebstrap {recipe['suite']}{mode} (this takes a minute or more)")
     t0 = time.monotonic()

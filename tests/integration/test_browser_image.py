@@ -5,7 +5,8 @@ terminal — and its driver starts Chromium (headless, DevTools on guest
 loopback 9223) as the unprivileged ``browser`` user. The proof is asked from
 the host through the agent's exec: ``curl /json/version`` inside the guest.
 
-Not in ``make test`` yet (a cold image build takes minutes; a boot ~1 min under TCG).
+Not in ``make test`` yet (a cold image build takes 3-5 min; with the image and pack cached the
+test took 115 s at load ~5 under TCG).
 The fixture records QEMU's pid as it starts and kills it by that pid at the end
 (a QEMU still alive after the machine's own teardown fails the test).
 """
@@ -38,7 +39,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU"),
 ]
 
-#: Cold boot to DevTools took ~N s on this 2-core host under TCG (docs/images.md); other
+#: Cold boot to DevTools took 83 s on this 2-core host under TCG at load ~5 (docs/images.md); other
 #: engineers' VMs share the cores, so the deadline is generous.
 BOOT_TO_DEVTOOLS_S = 420.0
 
