@@ -200,7 +200,12 @@ HUMAN_STILL_MAX = Display(2560, 1600)
 
 #: Surfaces this build of rigd can boot. Others parse and validate but are
 #: refused at ``rig.open`` with an error that says so.
-BUILT_SURFACES: frozenset[Surface] = frozenset({Surface.TERMINAL, Surface.COMPUTER})
+BUILT_SURFACES: frozenset[Surface] = frozenset({Surface.TERMINAL, Surface.BROWSER, Surface.COMPUTER})
+
+#: Browser engines this build starts (the others parse, and are refused at ``rig.open``
+#: naming ``engine``: their automation clients are not built yet).
+BUILT_ENGINES: frozenset[Engine] = frozenset({Engine.CHROMIUM})
+DEFAULT_ENGINE = Engine.CHROMIUM
 
 #: The revision of the terminal toolkit baked into packs; part of the pack key.
 TOOLS_REVISION = "tools-v1"

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from rigd.errors import FieldError
-from rigd.model import BUILT_SURFACES, LIMITS, Backend, Display, Engine, Surface
+from rigd.model import (
+    BUILT_ENGINES,
+    BUILT_SURFACES,
+    DEFAULT_ENGINE,
+    ENGINE_MEMORY_MB,
+    LIMITS,
+    Backend,
+    Display,
+    Engine,
+    Surface,
+)
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
@@ -146,6 +156,12 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
         if not isinstance(value, str) or value not in Engine.__members__.values():
             raise FieldError("engine", f"unknown engine; one of {', '.join(e.value for e in Engine)}")
         engine = Engine(value)
+        if engine not in BUILT_ENGINES:
+            built_names = ", ".join(sorted(e.value for e in BUILT_ENGINES))
+            raise FieldError("engine", f"the {engine} engine is not available in this build yet; "
+                                       f"available: {built_names}")
+    elif surface is Surface.BROWSER:
+        engine = DEFAULT_ENGINE
 
     backends = SURFACE_BACKENDS[surface]
     backend = backends[0]
@@ -170,7 +186,7 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
         display = Display(width, height)
 
     memory_mb = integer(params, "memoryMb", limits.memory_mb_min, limits.memory_mb_max,
-                        limits.memory_mb, "MB")
+                        ENGINE_MEMORY_MB[engine] if engine is not None else limits.memory_mb, "MB")
     vcpus = integer(params, "vcpus", limits.vcpus_min, limits.vcpus_max, limits.vcpus)
     ttl_s = integer(params, "ttlS", limits.ttl_s_min, limits.ttl_s_max, limits.ttl_s, "seconds")
     idle_s = integer(params, "idleS", limits.idle_s_min, limits.idle_s_max, limits.idle_s, "seconds")

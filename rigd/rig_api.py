@@ -49,6 +49,20 @@ from rigd.verbs import ParseContext, audit_args, is_observation, parse_action
 from rigd.verbs.base import DESKTOP_MIN
 
 
+def conversation_rig(rig: LiveRig, ws_id: str, params: OpenParams) -> bool:
+    """Whether ``rig`` is the live rig an open of ``params`` reuses: the conversation's
+    terminal (booting the exec image), or its browser of the same engine."""
+    r = rig.row
+    if r.workspace_id != ws_id or r.conversation != params.conversation or rig.phase not in lifecycle.LIVE:
+        return False
+    if params.surface is Surface.TERMINAL:
+        return r.surface == Surface.TERMINAL.value and r.exec_image
+    if params.surface is Surface.BROWSER:
+        engine = params.engine.value if params.engine is not None else None
+        return r.surface == Surface.BROWSER.value and r.engine == engine
+    return False
+
+
 class RigApi:
     def __init__(self, rigs: RigManager) -> None:
         self.rigs = rigs
@@ -77,14 +91,12 @@ class RigApi:
         if params.surface is Surface.COMPUTER:
             params = self._computer_backend(params)
         db = await self.rigs.stores.workspace(ws_id)
-        if params.conversation is not None and params.surface is Surface.TERMINAL:
+        if params.conversation is not None and params.surface in (Surface.TERMINAL, Surface.BROWSER):
+            # A conversation holds one terminal, and one browser per engine: an open reuses it.
             lock = self.rigs.open_locks.setdefault((ws_id, params.conversation), trio.Lock())
             async with lock:
                 for rig in self.rigs.live.values():
-                    r = rig.row
-                    if (r.workspace_id == ws_id and r.conversation == params.conversation
-                            and r.surface == Surface.TERMINAL.value and r.exec_image
-                            and rig.phase in lifecycle.LIVE):
+                    if conversation_rig(rig, ws_id, params):
                         return await self._answer_open(rig, params.wait)
                 rig = await self.rigs.start(caller, params, ws_id, db)
         else:

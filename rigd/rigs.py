@@ -285,6 +285,7 @@ class RigManager:
                         rig_id=row.id, surface=Surface(row.surface), memory_mb=row.memory_mb,
                         vcpus=row.vcpus, network=network, accel=ACCEL_OF.get(Backend(row.backend)),
                         display=(row.display_w, row.display_h) if row.display_w and row.display_h else None,
+                        engine=row.engine,
                     )
                     with trio.CancelScope() as scope:
                         rig.scope = scope

@@ -47,8 +47,10 @@ class MachineSpec:
     #: The accelerator this machine asks for (computer rigs name it through their
     #: backend: qemu-kvm, qemu-hvf, qemu-tcg); None: the backend's own.
     accel: Accel | None = None
-    #: The boot display mode (computer rigs).
+    #: The boot display mode (computer rigs) or viewport (browser rigs).
     display: tuple[int, int] | None = None
+    #: The browser engine (``rigd.model.Engine`` value) of a browser rig.
+    engine: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

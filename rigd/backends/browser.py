@@ -19,7 +19,7 @@ rigs until a snapshot with a running engine is measured.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,13 +27,22 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from rigd.backends.base import Frame, MachineSpec
+from rigd.backends.confine import UidPool
+from rigd.backends.host import QemuBackend
 from rigd.backends.lanes import DropTarget
+from rigd.backends.layout import Layout
 from rigd.backends.qemu import QemuConfig, timeouts_for
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
 from rigd.backends.smolvm import rig_argv
+from rigd.backends.warm import SnapshotService
+from rigd.browser.cdp import open_cdp
+from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
 from rigd.errors import BackendError, FieldError, RigdError
+from rigd.frames import Still
 from rigd.images.browser import BrowserAssets, Engine
-from rigd.model import Accel, Backend, Surface
+from rigd.model import Accel, Backend, Display, Surface
+from rigd.model import Engine as ApiEngine
+from rigd.protocols.cdp import CDPError
 from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_version
 
 if TYPE_CHECKING:
@@ -43,6 +52,13 @@ if TYPE_CHECKING:
 
 #: Where Chromium's DevTools listens inside the guest (loopback only).
 GUEST_DEVTOOLS_PORT = 9223
+#: The relay in front of it (guest loopback), which the rig's DevTools port reaches (RIGS.md §3).
+RELAY_PORT = 9222
+#: The virtio-serial port that is the one host-side path to guest 9222, and its socket in the
+#: rig's directory (QEMU listens; only rigd connects: the directory is the rig's, 0700).
+DEVTOOLS_PORT_NAME = "rigd.devtools"
+DEVTOOLS_SOCKET = "devtools.sock"
+RELAY_LOG = "/run/rigd-relay.log"
 #: The image's unprivileged user (images/browser/customize.sh).
 BROWSER_USER = "browser"
 #: The engine's pid and its stdout/stderr, in the guest's /run (tmpfs).
@@ -53,6 +69,10 @@ POLL_S = 0.5
 #: Where dropped files land for engines without a drop event (issue 12; Chromium gets a
 #: real drop event later). In the guest: the rig's own /tmp, not the host's.
 BROWSER_DROPS = DropTarget(dir="/tmp/cc-drops", owner=BROWSER_USER, told="none")  # noqa: S108
+
+START_PAGE = ('<!doctype html><html lang="en"><meta charset="utf-8"><title>rigd browser</title>'
+              '<body><h1>rigd browser rig</h1><p>This page is a local document inside the rig.</p>'
+              '</body></html>')
 
 CHROMIUM_FLAGS = (
     "--headless=new",
@@ -87,9 +107,12 @@ def chromium_launch_script(*, port: int = GUEST_DEVTOOLS_PORT, sandbox: bool = T
         "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
         f'chown {u}:{u} "$p"',
         'chmod 0700 "$p"',
+        # The start page: a local document (RIGS.md §9: it needs no egress).
+        f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
+        f'chown {u}:{u} "$p/start.html"',
         f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all \\",
         '  env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 \\',
-        f'  /usr/bin/chromium {" ".join(flags)} --user-data-dir="$p" about:blank \\',
+        f'  /usr/bin/chromium {" ".join(flags)} --user-data-dir="$p" "file://$p/start.html" \\',
         f"  </dev/null >{LOG_FILE} 2>&1 &",
         f"echo $! >{PID_FILE}",
         'printf "%s\\n" "$p"',
@@ -109,14 +132,62 @@ def devtools_probe_script(port: int = GUEST_DEVTOOLS_PORT) -> str:
     ])
 
 
+def relay_script(port_name: str = DEVTOOLS_PORT_NAME) -> str:
+    """The shell script (run as root by the agent) that starts the DevTools relays:
+    guest loopback :data:`RELAY_PORT` → the engine's :data:`GUEST_DEVTOOLS_PORT`, and
+    the virtio-serial port ``port_name`` (the one host-side path in) → :data:`RELAY_PORT`.
+
+    Returns once both run: 9222 answers, and the port relay holds the port open.
+    """
+    return "\n".join([
+        "set -eu",
+        'dev=""',
+        "for d in /sys/class/virtio-ports/*; do",
+        f'  if [ "$(cat "$d/name" 2>/dev/null)" = {shlex.quote(port_name)} ]; then dev="/dev/${{d##*/}}"; fi',
+        "done",
+        f'[ -n "$dev" ] || {{ echo "no virtio port named {port_name}" >&2; exit 2; }}',
+        f"setsid socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork "
+        f"TCP:127.0.0.1:{GUEST_DEVTOOLS_PORT} </dev/null >>{RELAY_LOG} 2>&1 &",
+        "i=0",
+        f"until curl -sf --max-time 2 -o /dev/null http://127.0.0.1:{RELAY_PORT}/json/version; do",
+        f'  i=$((i+1)); [ "$i" -lt 100 ] || {{ echo "the {RELAY_PORT} relay never answered" >&2; exit 3; }}',
+        "  sleep 0.1",
+        "done",
+        f'setsid socat GOPEN:"$dev" TCP:127.0.0.1:{RELAY_PORT} </dev/null >>{RELAY_LOG} 2>&1 &',
+        "pid=$!",
+        "i=0",
+        # Return once the port relay holds the device (the host's bytes reach it from then on).
+        'until ls -l "/proc/$pid/fd" 2>/dev/null | grep -q -- "-> $dev$"; do',
+        '  kill -0 "$pid" 2>/dev/null || { echo "the port relay exited" >&2; exit 4; }',
+        '  i=$((i+1)); [ "$i" -lt 100 ] || { echo "the port relay never opened $dev" >&2; exit 5; }',
+        "  sleep 0.05",
+        "done",
+    ])
+
+
+def engine_watch_script() -> str:
+    """Return only when the engine's process is gone, with its log's tail on stderr."""
+    return "\n".join([
+        f'pid=$(cat {PID_FILE} 2>/dev/null) || pid=""',
+        '[ -n "$pid" ] && tail --pid="$pid" -f /dev/null',
+        f"tail -c 1500 {LOG_FILE} >&2",
+    ])
+
+
+#: How long one engine watch may wait before it is asked again (the agent's exec deadline).
+WATCH_S = 3600.0
+
+
 @dataclass
 class BrowserDriver:
-    """The browser's half of a running machine (verbs come with the CDP client)."""
+    """The browser's half of a running machine: the engine, its DevTools connection
+    over the rig's own port, and the browser_use verbs on its page."""
 
     machine: QemuMachine
     engine: Engine
     sandbox: bool = True
     drop_target: DropTarget = BROWSER_DROPS
+    viewport: Display = BOOT_VIEWPORT
     #: What DevTools said once it answered.
     version: DevToolsVersion | None = None
     #: The engine's throwaway profile directory in the guest.
@@ -124,10 +195,16 @@ class BrowserDriver:
     #: Seconds from the engine's start to DevTools answering.
     devtools_s: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: The page's driver while the DevTools connection is up.
+    chromium: ChromiumDriver | None = None
 
     @property
     def display(self) -> tuple[int, int] | None:
-        return None  # headless: frames come from the engine (screencast), not a screen
+        return None  # headless: frames come from the engine, not a screen the agent grabs
+
+    @property
+    def port_socket(self) -> Path:
+        return self.machine.rig_dir / DEVTOOLS_SOCKET
 
     async def _sh(self, script: str, timeout_s: float,
                   max_output: int = 64 * 1024) -> tuple[int | None, bytes, bytes]:
@@ -150,12 +227,66 @@ class BrowserDriver:
             progress("waiting for DevTools")
             self.version = await self._wait_devtools()
             self.devtools_s = trio.current_time() - t0
+            progress("connecting to DevTools")
+            await self.machine.start_task(self._hold, self.version.browser_path)
         if scope.cancelled_caught:
             raise BackendError(f"{self.engine.value} DevTools did not answer within {int(left_s)} s",
                                console=self.machine.console_tail(1024))
         browser = self.version.browser if self.version else None
         self.machine.log.info("browser ready", extra={"engine": self.engine.value, "browser": browser,
                                                       "devtools_s": round(self.devtools_s or 0, 2)})
+
+    async def _hold(self, path: str, *, task_status: trio.TaskStatus[None]) -> None:
+        """The DevTools connection for the machine's life (started in its nursery).
+
+        Connects to the rig's DevTools port first (so the guest's port relay finds the
+        host there), starts the relays, then the WebSocket and the page's driver. When
+        the connection drops, the page's renderer crashes or the engine exits, the rig
+        fails saying which — the engine is never restarted behind the agent's back.
+        """
+        try:
+            stream = await trio.open_unix_socket(str(self.port_socket))
+        except OSError as exc:
+            raise BackendError(f"cannot reach the rig's DevTools port: {exc}") from exc
+        code, _out, err = await self._sh(relay_script(), 30)
+        if code != 0:
+            await stream.aclose()
+            raise BackendError(f"the DevTools relay did not start (exit {code}): "
+                               f"{err.decode(errors='replace')[-500:]}")
+        url = f"ws://127.0.0.1:{RELAY_PORT}{path}"
+        reason: str | None = None
+        try:
+            async with (open_cdp(url, stream=stream, log=self.machine.log) as conn,
+                        open_chromium(conn, viewport=self.viewport) as page):
+                self.chromium = page
+                task_status.started()
+                async with trio.open_nursery() as watch:
+                    async def ended(what: Awaitable[str]) -> None:
+                        nonlocal reason
+                        reason = await what
+                        watch.cancel_scope.cancel()
+
+                    watch.start_soon(ended, conn.wait_ended())
+                    watch.start_soon(ended, conn.wait_ended(page.page.session_id))
+                    watch.start_soon(ended, self._engine_exit())
+        except Exception as exc:  # a teardown loses the channels; anything else fails the rig
+            if self.machine.shutting_down:
+                return
+            raise BackendError(f"{self.engine.value}: the DevTools connection failed: {exc}"[:1000],
+                               console=self.machine.console_tail(1024)) from exc
+        finally:
+            self.chromium = None
+        if self.machine.shutting_down:
+            return
+        raise BackendError(f"{self.engine.value}: {reason or 'the DevTools connection ended'}",
+                           console=self.machine.console_tail(1024))
+
+    async def _engine_exit(self) -> str:
+        while True:
+            code, _out, err = await self._sh(engine_watch_script(), WATCH_S + 60, max_output=4096)
+            if code is not None:
+                tail = err.decode(errors="replace").strip()[-1000:]
+                return "the browser exited" + (f"; its log ends: {tail}" if tail else "")
 
     async def _wait_devtools(self) -> DevToolsVersion:
         probe = devtools_probe_script()
@@ -180,15 +311,31 @@ class BrowserDriver:
                                f"{err.decode(errors='replace')[-500:]}")
         return parse_version(out)
 
+    def _page(self) -> ChromiumDriver:
+        if self.chromium is None:
+            raise BackendError(f"{self.engine.value} is not connected (the rig is starting or failing)")
+        return self.chromium
+
     async def perform(self, action: Action) -> dict[str, Any]:
-        raise FieldError("action.action", f"browser verbs are not implemented yet, not {action.verb}")
+        try:
+            return await self._page().perform(action)
+        except CDPError as exc:
+            raise BackendError(f"{action.verb}: {exc}") from exc
 
     async def still(self, *, max_w: int, max_h: int, fmt: str, quality: int,
                     mark_cursor: bool) -> Frame:
-        raise FieldError("action.action", "browser screenshots are not implemented yet")
+        page = self._page()
+        try:
+            data, iw, ih = await page.capture(max_w=max_w, max_h=max_h, quality=quality)
+        except CDPError as exc:
+            raise BackendError(f"screenshot: {exc}") from exc
+        vw, vh = page.viewport.width, page.viewport.height
+        still = Still(data=data, media_type="image/jpeg", display_w=vw, display_h=vh,
+                      image_w=iw, image_h=ih, scale=round(vw / iw, 6))
+        return Frame(still, "cdp", page.pointer, False)
 
     async def send_input(self, steps: Sequence[Step]) -> None:
-        raise FieldError("action.action", "browser input is not implemented yet")
+        raise FieldError("action.action", "a browser rig takes input through browser_use, not QMP")
 
 
 #: A browser's cold boot: the agent's deadline plus the engine's start (Chromium
@@ -221,7 +368,8 @@ class BrowserRecipe:
     def argv(self, spec: MachineSpec, at: RigPaths, *, mac: str | None, incoming: bool,
              tap_fd: int | str | None) -> list[str]:
         return rig_argv(self.config, self.assets.boot, memory_mb=spec.memory_mb, vcpus=spec.vcpus,
-                        rig_dir=at.rig_dir, overlay=at.overlay, mac=mac, incoming=incoming, tap_fd=tap_fd)
+                        rig_dir=at.rig_dir, overlay=at.overlay, mac=mac, incoming=incoming, tap_fd=tap_fd,
+                        extra_ports=[(DEVTOOLS_PORT_NAME, at.rig_dir / DEVTOOLS_SOCKET)])
 
     def warm_eligible(self, spec: MachineSpec) -> bool:
         return False  # not until a snapshot with a running engine is measured (docs/images.md)
@@ -233,6 +381,7 @@ class BrowserRecipe:
             self.config, boot, memory_mb=spec.memory_mb, vcpus=spec.vcpus, rig_dir=at.rig_dir,
             overlay=at.overlay, mac=None if self.config.network is None else "02:00:00:00:00:00",
             kernel=Path("/@kernel"), initrd=Path("/@initrd"), tools=Path("/@tools"), tap_fd="@fd",
+            extra_ports=[(DEVTOOLS_PORT_NAME, at.rig_dir / DEVTOOLS_SOCKET)],
         )
         material: dict[str, Any] = {
             name: {"key": path.parent.name, "file": path.name, "size": path.stat().st_size}
@@ -243,24 +392,56 @@ class BrowserRecipe:
         return shape, material
 
     def driver(self, machine: QemuMachine) -> BrowserDriver:
-        return BrowserDriver(machine, self.engine, sandbox=self.sandbox)
+        shown = machine.spec.display
+        viewport = Display(*shown) if shown is not None else BOOT_VIEWPORT
+        return BrowserDriver(machine, self.engine, sandbox=self.sandbox, viewport=viewport)
+
+
+#: The image engine (Debian package) of each engine a caller names (``rigd.model.Engine``).
+IMAGE_ENGINE: dict[ApiEngine, Engine] = {
+    ApiEngine.CHROMIUM: Engine.CHROMIUM,
+    ApiEngine.FIREFOX: Engine.FIREFOX_ESR,
+    ApiEngine.WEBKIT: Engine.WEBKIT,
+}
+
+#: Finds (building it when absent) one engine's image and pack: its assets and the
+#: pack's rootfs. Blocking (minutes on a cold cache); called in a worker thread.
+PreparePack = Callable[[Engine, Callable[[str], None]], tuple[BrowserAssets, Path]]
 
 
 class BrowserImages:
-    """The recipe source of browser rigs of one engine: its pack, made once (under a lock)."""
+    """The recipe source of browser rigs: each engine's image and pack, made once (under a lock each)."""
 
-    def __init__(self, config: QemuConfig, assets: BrowserAssets,
-                 ensure_pack: Callable[[Callable[[str], None]], Path]) -> None:
+    def __init__(self, config: QemuConfig, prepare: PreparePack) -> None:
         self.config = config
-        self.assets = assets
-        self._ensure_pack = ensure_pack
-        self._lock = trio.Lock()
+        self._prepare = prepare
+        self._locks: dict[Engine, trio.Lock] = {}
 
     async def recipe(self, spec: MachineSpec, progress: Callable[[str], None]) -> BrowserRecipe:
-        async with self._lock:
-            backing = await trio.to_thread.run_sync(self._ensure_pack, progress)
-        return BrowserRecipe(self.config, self.assets, backing)
+        try:
+            engine = IMAGE_ENGINE[ApiEngine(spec.engine or ApiEngine.CHROMIUM.value)]
+        except ValueError:
+            raise FieldError("engine", f"unknown engine {spec.engine!r}") from None
+        async with self._locks.setdefault(engine, trio.Lock()):
+            assets, backing = await trio.to_thread.run_sync(self._prepare, engine, progress)
+        return BrowserRecipe(self.config, assets, backing)
 
 
-__all__ = ["GUEST_DEVTOOLS_PORT", "BrowserDriver", "BrowserImages", "BrowserRecipe",
-           "chromium_launch_script", "devtools_probe_script"]
+def browser_backend(config: QemuConfig, prepare: PreparePack, *, layout: Layout | None = None,
+                    uids: UidPool | None = None, snapshots: SnapshotService | None = None) -> QemuBackend:
+    return QemuBackend(Backend.SMOLVM, config, BrowserImages(config, prepare),
+                       layout=layout, uids=uids, snapshots=snapshots)
+
+
+__all__ = [
+    "GUEST_DEVTOOLS_PORT",
+    "IMAGE_ENGINE",
+    "BrowserDriver",
+    "BrowserImages",
+    "BrowserRecipe",
+    "browser_backend",
+    "chromium_launch_script",
+    "devtools_probe_script",
+    "engine_watch_script",
+    "relay_script",
+]

@@ -132,6 +132,21 @@ def monitor_and_console(qmp_socket: Path, console_socket: Path) -> list[str]:
     ]
 
 
+_PORT_NAME = re.compile(r"^[a-z][a-z0-9.-]{0,30}$")
+
+
+def serial_ports(ports: Sequence[tuple[str, Path]]) -> list[str]:
+    """A chardev socket (QEMU listens, never waits) and a virtserialport per ``(name, socket)``."""
+    out: list[str] = []
+    for i, (name, socket) in enumerate(ports):
+        if not _PORT_NAME.match(name) or name == AGENT_PORT_NAME:
+            raise RigdError(f"virtio-serial port name {name!r} is not a plain lower-case name",
+                            field="extra_ports")
+        out += ["-chardev", f"socket,id=port{i},path={esc(socket)},server=on,wait=off",
+                "-device", f"virtserialport,chardev=port{i},name={name}"]
+    return out
+
+
 def microvm_argv(
     *,
     qemu: str,
@@ -154,6 +169,7 @@ def microvm_argv(
     incoming: str | None = None,
     netdev: str | None = None,
     sandbox_opts: str = SANDBOX,
+    extra_ports: Sequence[tuple[str, Path]] = (),
 ) -> list[str]:
     """Return the argv (``argv[0] == qemu``) that boots one terminal rig.
 
@@ -165,6 +181,9 @@ def microvm_argv(
     is a ``-netdev`` value added verbatim (the egress gateway's tap, by fd,
     or user-mode networking). ``sandbox_opts`` is the ``-sandbox`` value
     (user-mode networking needs spawn allowed: :mod:`netgate.usermode`).
+    ``extra_ports`` are more virtio-serial ports after the agent's, each a
+    ``(name, socket)`` QEMU listens on (a browser's DevTools relay); without
+    them the command line is exactly a terminal's (its warm-start key with it).
     """
     if machine not in _MACHINES:
         raise RigdError(f"machine {machine!r} is not one of {', '.join(_MACHINES)}", field="machine")
@@ -206,9 +225,10 @@ def microvm_argv(
         "-chardev",
         f"socket,id=agent,path={esc(agent_socket)},server=on,wait=off",
         "-device",
-        f"virtio-serial-{bus},max_ports=2",
+        f"virtio-serial-{bus},max_ports={2 + len(extra_ports)}",
         "-device",
         f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
+        *serial_ports(extra_ports),
         # The default backend (rng-builtin) needs no host file.
         "-device",
         f"virtio-rng-{bus}",

@@ -28,7 +28,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +197,16 @@ class QemuMachine:
     @property
     def rig_dir(self) -> Path:
         return self.paths.rig_dir
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether the machine is being torn down (a driver's lost connection is then expected)."""
+        return self._shutting_down
+
+    async def start_task(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Start a driver's long-lived task in the machine's nursery (``nursery.start``): what it
+        raises fails the machine, and the machine's teardown cancels it."""
+        return await self._nursery.start(fn, *args)
 
     # -- boot ---------------------------------------------------------------
 

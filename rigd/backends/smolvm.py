@@ -18,7 +18,7 @@ terminal has no screen: its driver is :class:`rigd.backends.recipe.NoScreen`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,7 @@ def rig_argv(
     initrd: Path | None = None,
     tools: Path | None = None,
     tap_fd: int | str | None = None,
+    extra_ports: Sequence[tuple[str, Path]] = (),
 ) -> list[str]:
     """The QEMU command line of a terminal rig (asset paths overridable for the key's placeholders).
 
@@ -72,7 +73,7 @@ def rig_argv(
         kernel=kernel or assets.kernel, initrd=initrd or assets.initrd, root_disk=overlay,
         tools_disk=tools or assets.tools, qmp_socket=at.qmp, agent_socket=at.agent,
         console_socket=at.console,
-        mac=mac, incoming="defer" if incoming else None, **net,
+        mac=mac, incoming="defer" if incoming else None, extra_ports=extra_ports, **net,
     )
 
 

@@ -149,6 +149,8 @@ class CDPConnection:
         self._subs: list[Subscription] = []
         self._dead_sessions: dict[str, str] = {}
         self._closed: str | None = None
+        #: Set (and replaced) whenever the connection or a session ends: :meth:`wait_ended`.
+        self._end_tick = trio.Event()
         self._log = log or logging.getLogger("rigd.browser.cdp")
         self.default_timeout = default_timeout
         self.violations = 0
@@ -182,9 +184,24 @@ class CDPConnection:
         finally:
             self._shut(reason)
 
+    def _tick(self) -> None:
+        self._end_tick.set()
+        self._end_tick = trio.Event()
+
+    async def wait_ended(self, session_id: str | None = None) -> str:
+        """Wait until the connection closes (or, with ``session_id``, that session
+        ends: detached, renderer crashed); return why."""
+        while True:
+            if self._closed is not None:
+                return self._closed
+            if session_id is not None and session_id in self._dead_sessions:
+                return self._dead_sessions[session_id]
+            await self._end_tick.wait()
+
     def _shut(self, reason: str) -> None:
         if self._closed is None:
             self._closed = reason
+            self._tick()
         for pending in self._pending.values():
             if not pending.done.is_set():
                 pending.error = CDPClosed(f"{pending.method}: {self._closed}")
@@ -230,6 +247,7 @@ class CDPConnection:
         if session_id in self._dead_sessions or len(self._dead_sessions) > 4096:
             return
         self._dead_sessions[session_id] = reason
+        self._tick()
         for pending in self._pending.values():
             if pending.session_id == session_id and not pending.done.is_set():
                 pending.error = CDPClosed(f"{pending.method}: {reason}")
@@ -397,8 +415,13 @@ def _closed_why(exc: Exception) -> str:
 async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
                    max_message_chars: int = MAX_MESSAGE_CHARS, open_timeout: float = 10.0,
                    default_timeout: float = DEFAULT_TIMEOUT_S,
-                   max_in_flight: int = MAX_IN_FLIGHT) -> AsyncIterator[CDPConnection]:
+                   max_in_flight: int = MAX_IN_FLIGHT,
+                   stream: trio.abc.Stream | None = None) -> AsyncIterator[CDPConnection]:
     """Connect to a browser's DevTools WebSocket (``ws://host:port/devtools/browser/<id>``).
+
+    With ``stream`` the WebSocket runs over that already-connected byte stream
+    (a browser rig's DevTools port into its guest); the URL then only names the
+    ``Host`` header and the path.
 
     No proxy from the environment is ever used (the socket is rigd's relay into
     the guest), no compression (a hostile peer's inflated sizes are what the cap
@@ -410,7 +433,7 @@ async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
     try:
         ws_cm = connect(ws_url, proxy=None, compression=None, ping_interval=None,
                         open_timeout=open_timeout, max_size=max_message_chars,
-                        max_queue=64, user_agent_header=None)
+                        max_queue=64, user_agent_header=None, stream=stream)
         ws = await ws_cm.__aenter__()
     except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
         raise CDPClosed(f"cannot open the DevTools WebSocket: {exc}"[:300]) from exc

@@ -821,6 +821,19 @@ class ChromiumDriver:
         out["note"] = "; ".join(notes)
         return out
 
+    async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
+        """A JPEG of the viewport as it is now, scaled down (never up) to fit
+        ``max_w``x``max_h``, and its size (the live view's and a rig still's lane)."""
+        vw, vh = self.viewport.width, self.viewport.height
+        scale = min(1.0, max_w / vw, max_h / vh)
+        params: dict[str, Any] = {"format": "jpeg", "quality": max(1, min(100, quality))}
+        if scale < 1.0:
+            m = await self.page.call("Page.getLayoutMetrics", None, parse_layout)
+            params["clip"] = {"x": m.page_x, "y": m.page_y, "width": vw, "height": vh, "scale": scale}
+        data = await self.page.call("Page.captureScreenshot", params, _image_bytes, timeout=60)
+        iw, ih = _jpeg_size(data)
+        return data, iw, ih
+
     async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
         size = Display(a.width, a.height)
         changed = size != self.viewport

@@ -8,7 +8,9 @@ capped, decoded strictly, and every field is checked before it is believed.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from rigd.errors import RigdError
 
@@ -29,6 +31,19 @@ class DevToolsVersion:
     def product(self) -> str:
         """The product before the slash ("Chrome", "HeadlessChrome")."""
         return self.browser.split("/", 1)[0]
+
+    @property
+    def browser_path(self) -> str:
+        """The browser endpoint's path (``/devtools/browser/<uuid>``), checked: the
+        host connects to its own relay with it, never to the address the guest named."""
+        path = urlsplit(self.websocket_url).path
+        if not _BROWSER_PATH.fullmatch(path):
+            raise RigdError("DevTools webSocketDebuggerUrl has no /devtools/browser/<id> path",
+                            field="webSocketDebuggerUrl")
+        return path
+
+
+_BROWSER_PATH = re.compile(r"/devtools/browser/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def parse_version(data: bytes) -> DevToolsVersion:

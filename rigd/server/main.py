@@ -8,6 +8,7 @@ known). Shutdown (SIGINT/SIGTERM): stop accepting, close every rig with
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -28,6 +29,7 @@ from netgate.topology import cleanup_leftovers
 from netgate.usermode import helper_python
 from rigd.auth import Signer, load_or_create_key
 from rigd.backends.accel import native_accel, probe
+from rigd.backends.browser import browser_backend
 from rigd.backends.confine import UidPool, check_reachable, make_shared_dir
 from rigd.backends.desktop import desktop_backend
 from rigd.backends.gates import NetworkConfig
@@ -38,6 +40,8 @@ from rigd.backends.smolvm import prepare_terminals, terminal_backend
 from rigd.backends.warm import SnapshotService
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets, find_assets
+from rigd.images.browser import BrowserAssets, build_browser, ensure_browser_pack, find_browser
+from rigd.images.browser import Engine as ImageEngine
 from rigd.images.cache import sha256_file
 from rigd.images.desktop import find_desktop
 from rigd.images.importer import BootChoice, ImportedImage, import_image, list_imported
@@ -92,15 +96,32 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def readable_pack(assets: TerminalAssets, data_dir: Path, progress: Callable[[str], None]) -> Path:
-    """The terminal pack's rootfs (built once), readable by rig uids through
-    their overlays' backing file."""
-    rootfs = ensure_pack(assets, data_dir, progress)
+def share_pack(rootfs: Path) -> Path:
+    """Make a pack's rootfs readable by rig uids through their overlays' backing file."""
     for d in (rootfs.parent.parent, rootfs.parent):
         os.chmod(d, 0o711)  # noqa: S103 - rig uids traverse, never list
     if rootfs.stat().st_mode & 0o777 != 0o444:
         os.chmod(rootfs, 0o444)
     return rootfs
+
+
+def readable_pack(assets: TerminalAssets, data_dir: Path, progress: Callable[[str], None]) -> Path:
+    """The terminal pack's rootfs (built once), readable by rig uids."""
+    return share_pack(ensure_pack(assets, data_dir, progress))
+
+
+def browser_pack(data_dir: Path, cache_dir: Path | None, engine: ImageEngine,
+                 progress: Callable[[str], None]) -> tuple[BrowserAssets, Path]:
+    """One engine's assets (its image built on first use: minutes, once per recipe) and its
+    pack's rootfs, readable by rig uids. Blocking: the browser backend runs it in a thread."""
+    try:
+        assets = find_browser(engine, cache_dir)
+    except RigdError:
+        progress(f"building the {engine.value} image (once per recipe; minutes)")
+        log.info("building the %s browser image", engine.value)
+        assets = build_browser(engine, cache_dir, log=lambda m: log.info("browser image: %s", m))
+    assets = dataclasses.replace(assets, boot=publish_assets(assets.boot, data_dir))
+    return assets, share_pack(ensure_browser_pack(assets, data_dir, progress))
 
 
 def publish_assets(assets: TerminalAssets, data_dir: Path) -> TerminalAssets:
@@ -359,8 +380,11 @@ async def _serve(
                                snapshots=snapshots)
     desktop = desktop_backend(qemu_config, desktop_images(data_dir, config.cache_dir), layout=layout,
                               uids=uids, snapshots=snapshots)
+    browser = browser_backend(qemu_config, functools.partial(browser_pack, data_dir, config.cache_dir),
+                              layout=layout, uids=uids, snapshots=snapshots)
     rigs = RigManager(
-        stores, {Surface.TERMINAL: backend, Surface.COMPUTER: desktop}, accel=accel, accel_problem=problem,
+        stores, {Surface.TERMINAL: backend, Surface.BROWSER: browser, Surface.COMPUTER: desktop},
+        accel=accel, accel_problem=problem,
         recover=layout.recover,
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
         network=network.mode if network is not None else None,

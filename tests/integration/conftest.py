@@ -307,6 +307,12 @@ def make_data_dir() -> Path:
     SHARED_PACKS.mkdir(parents=True, exist_ok=True)
     os.chmod(SHARED_PACKS, 0o711)
     (rigs / "smolvm-packs").symlink_to(SHARED_PACKS)
+    # Browser packs (one per engine) where test_browser_image makes them: ensure_browser_pack(…, SHARED_PACKS).
+    browser_packs = SHARED_PACKS / "rigs" / "browser-packs"
+    browser_packs.mkdir(parents=True, exist_ok=True)
+    for d in (browser_packs.parent, browser_packs):
+        os.chmod(d, 0o711)
+    (rigs / "browser-packs").symlink_to(browser_packs)
     return d
 
 

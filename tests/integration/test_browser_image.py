@@ -13,6 +13,7 @@ The fixture records QEMU's pid as it starts and kills it by that pid at the end
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -31,7 +32,8 @@ from rigd.backends.confine import Identity
 from rigd.backends.qemu import QemuConfig, make_overlay, open_qemu_machine
 from rigd.backends.recipe import RigPaths
 from rigd.images.browser import BrowserAssets, Engine, build_browser, ensure_browser_pack
-from rigd.model import Accel, Surface
+from rigd.model import Accel, Display, Surface
+from rigd.verbs import Action, ParseContext, parse_action
 from tests.integration.conftest import SHARED_PACKS, TestEvidence
 
 pytestmark = [
@@ -42,6 +44,12 @@ pytestmark = [
 #: Cold boot to DevTools took 83 s on this 2-core host under TCG at load ~5 (docs/images.md); other
 #: engineers' VMs share the cores, so the deadline is generous.
 BOOT_TO_DEVTOOLS_S = 420.0
+
+
+def _act(raw: dict[str, object], ctx: ParseContext) -> Action:
+    parsed = parse_action("browser_use", raw, ctx)
+    assert not isinstance(parsed, Exception), parsed
+    return parsed
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +122,12 @@ async def test_chromium_devtools_answers_inside_the_guest(
                                          stdin=None, timeout_s=120, max_output=4096)
                 who = await machine.exec(["/bin/sh", "-c", "ps -o user= -p $(cat /run/rigd-browser.pid)"],
                                          cwd=None, env=None, stdin=None, timeout_s=30, max_output=4096)
+                # The page, driven from the host over the rig's own DevTools port (not the network).
+                ctx = ParseContext(surface=Surface.BROWSER, display=Display(1280, 800))
+                dom = await machine.perform(_act({"action": "extract", "kind": "dom"}, ctx))
+                shot = await machine.perform(_act({"action": "screenshot"}, ctx))
+                frame = await machine.still(max_w=640, max_h=400, fmt="jpeg", quality=70,
+                                            mark_cursor=False)
             finally:
                 console.write_text(machine.console_tail(64 * 1024))
     agent_s = next((t for t, s in steps if s.startswith("starting")), None)
@@ -129,3 +143,9 @@ async def test_chromium_devtools_answers_inside_the_guest(
     assert ver.stdout.decode().startswith("Chromium " + browser.split("/", 1)[1]), (ver.stdout, browser)
     assert doc["webSocketDebuggerUrl"].startswith("ws://127.0.0.1:9223/devtools/browser/")
     assert who.stdout.decode().strip() == "browser"  # never root
+    # The start page is the local document, read through CDP over the DevTools port.
+    assert dom["url"].startswith("file:///tmp/rigd-profile.") and dom["title"]["text"] == "rigd browser", dom
+    assert "rigd browser rig" in dom["content"]["text"]
+    assert shot["imageSize"] == {"width": 1280, "height": 800} and shot["source"] == "cdp"
+    assert base64.b64decode(shot["image"]["data"])[:2] == b"\xff\xd8"
+    assert (frame.still.image_w, frame.still.image_h) == (640, 400) and frame.still.scale == 2.0
