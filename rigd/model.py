@@ -80,7 +80,7 @@ class ActionClass(enum.StrEnum):
 
 
 TOOL_SURFACES: dict[Tool, frozenset[Surface]] = {
-    Tool.TERMINAL_USE: frozenset({Surface.TERMINAL, Surface.COMPUTER}),
+    Tool.TERMINAL_USE: frozenset({Surface.TERMINAL, Surface.BROWSER, Surface.COMPUTER}),
     Tool.COMPUTER_USE: frozenset({Surface.COMPUTER}),
     Tool.BROWSER_USE: frozenset({Surface.BROWSER}),
     Tool.MOBILE_USE: frozenset({Surface.ANDROID}),

@@ -18,8 +18,10 @@ rigs until a snapshot with a running engine is measured.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,13 +39,14 @@ from rigd.backends.smolvm import rig_argv
 from rigd.backends.warm import SnapshotService
 from rigd.browser.cdp import open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
+from rigd.browser.live_input import PointerState, Sleep, plan_cdp
 from rigd.errors import BackendError, FieldError, RigdError
-from rigd.frames import Still
+from rigd.frames import Changes, Lane, Still
 from rigd.images.browser import BrowserAssets, Engine
-from rigd.model import Accel, Backend, Display, Surface
+from rigd.model import HUMAN_STILL_MAX, Accel, Backend, Display, Surface
 from rigd.model import Engine as ApiEngine
 from rigd.protocols.cdp import CDPError
-from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_version
+from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_cast_frame, parse_version
 
 if TYPE_CHECKING:
     from rigd.backends.qemu import QemuMachine
@@ -174,6 +177,8 @@ def engine_watch_script() -> str:
     ])
 
 
+#: JPEG quality of the live view's screencast frames (as the desktop's live view).
+CAST_QUALITY = 70
 #: How long one engine watch may wait before it is asked again (the agent's exec deadline).
 WATCH_S = 3600.0
 
@@ -198,9 +203,20 @@ class BrowserDriver:
     #: The page's driver while the DevTools connection is up.
     chromium: ChromiumDriver | None = None
 
+    #: Live views watching (each gets a damage notice per screencast frame).
+    _viewers: list[Changes] = field(default_factory=list)
+    #: The newest screencast frame (JPEG) and its size, while a screencast runs.
+    _cast: tuple[bytes, int, int] | None = None
+    _cast_scope: trio.CancelScope | None = None
+    #: A person's pointer and held keys (live-view input, replayed through CDP).
+    _pointer: PointerState = field(default_factory=PointerState)
+    _input_lock: trio.Lock = field(default_factory=trio.Lock)
+
     @property
     def display(self) -> tuple[int, int] | None:
-        return None  # headless: frames come from the engine, not a screen the agent grabs
+        """The page's viewport (CSS px): what live-view frames show and input addresses."""
+        v = self.chromium.viewport if self.chromium is not None else self.viewport
+        return (v.width, v.height)
 
     @property
     def port_socket(self) -> Path:
@@ -335,7 +351,93 @@ class BrowserDriver:
         return Frame(still, "cdp", page.pointer, False)
 
     async def send_input(self, steps: Sequence[Step]) -> None:
-        raise FieldError("action.action", "a browser rig takes input through browser_use, not QMP")
+        """A person's live-view input, replayed through the engine's input API."""
+        page = self._page()
+        async with self._input_lock:
+            size = self.display or (page.viewport.width, page.viewport.height)
+            commands, after = plan_cdp(steps, size, self._pointer)
+            try:
+                for command in commands:
+                    if isinstance(command, Sleep):
+                        await trio.sleep(command.seconds)
+                    else:
+                        await page.page.send(*command)
+            except CDPError as exc:
+                raise BackendError(f"input: {exc}") from exc
+            finally:
+                self._pointer = after
+                page.pointer = (after.x, after.y)
+                page.button_down = bool(after.buttons & 1)
+
+    # -- the live view (rigd.frames.LiveScreen): Chromium's screencast --
+
+    def open_changes(self) -> AbstractAsyncContextManager[Changes | None]:
+        return self._changes()
+
+    @asynccontextmanager
+    async def _changes(self) -> AsyncIterator[Changes | None]:
+        if self.chromium is None:
+            yield None
+            return
+        changes = Changes()
+        self._viewers.append(changes)
+        try:
+            if self._cast_scope is None:
+                await self.machine.start_task(self._screencast)
+            yield changes
+        finally:
+            self._viewers.remove(changes)
+            changes.end()
+            if not self._viewers and self._cast_scope is not None:
+                self._cast_scope.cancel()
+
+    async def _screencast(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Chromium pushes a JPEG whenever the page repaints; each is acked, kept as the newest,
+        and every viewer told. Runs while anyone watches; its end never fails the rig (a lost
+        connection does that on its own)."""
+        page = self._page()
+        with trio.CancelScope() as scope:
+            self._cast_scope = scope
+            task_status.started()
+            try:
+                with page.page.subscribe({"Page.screencastFrame"}, limit=8) as sub:
+                    await page.page.send("Page.startScreencast", {
+                        "format": "jpeg", "quality": CAST_QUALITY, "everyNthFrame": 1,
+                        "maxWidth": HUMAN_STILL_MAX.width, "maxHeight": HUMAN_STILL_MAX.height,
+                    })
+                    while True:
+                        event = await sub.receive()
+                        frame = parse_cast_frame(event.params)
+                        await page.page.send("Page.screencastFrameAck", {"sessionId": frame.ack})
+                        self._cast = (frame.data, frame.width, frame.height)
+                        v = page.viewport
+                        for viewer in self._viewers:
+                            viewer.damage([(0, 0, v.width, v.height)])
+            except (CDPError, RigdError) as exc:
+                self.machine.log.info("screencast ended", extra={"reason": str(exc)[:200]})
+            finally:
+                self._cast = None
+                self._cast_scope = None
+                with trio.CancelScope(shield=True), trio.move_on_after(2), contextlib.suppress(CDPError):
+                    await page.page.send("Page.stopScreencast")
+        for viewer in self._viewers:
+            viewer.pointer()  # wake them: the next still is a screenshot
+
+    async def live_still(self, *, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
+        page = self._page()
+        vw, vh = page.viewport.width, page.viewport.height
+        if self._cast is not None:
+            data, iw, ih = self._cast
+            lane = Lane("cdp-screencast", "Chromium pushes a frame whenever the page repaints", {})
+        else:
+            try:
+                data, iw, ih = await page.capture(max_w=max_w, max_h=max_h, quality=quality)
+            except CDPError as exc:
+                raise BackendError(f"screenshot: {exc}") from exc
+            lane = Lane("cdp", "a screenshot: no screencast is running", {})
+        still = Still(data=data, media_type="image/jpeg", display_w=vw, display_h=vh,
+                      image_w=iw, image_h=ih, scale=round(vw / iw, 6))
+        return Frame(still, lane.source, page.pointer, False), lane
 
 
 #: A browser's cold boot: the agent's deadline plus the engine's start (Chromium

@@ -296,12 +296,15 @@ class GuestLanes:
     """The lanes of a QEMU machine, over its agent channel."""
 
     def __init__(self, channel: Callable[[], GuestConnection], features: Callable[[], frozenset[str]],
-                 target: DropTarget, *, grace: float, screen: bool) -> None:
+                 target: DropTarget, *, grace: float, screen: bool,
+                 no_clipboard: str = "a terminal rig has no clipboard (it has no X session); "
+                                     "use the file lane") -> None:
         self._channel = channel
         self._features = features
         self.target = target
         self._timeout = grace + 30
         self._screen = screen
+        self._no_clipboard = no_clipboard
 
     def missing(self, lane: str) -> str | None:
         """Why this machine cannot serve ``lane`` ("files", "clipboard"), or None."""
@@ -312,7 +315,7 @@ class GuestLanes:
                         "rebuild the image")
             return None
         if not self._screen:
-            return "a terminal rig has no clipboard (it has no X session); use the file lane"
+            return self._no_clipboard
         if not {"clipboard_read", "clipboard_write", "clipboard_image", "clipboard_files"} <= feats:
             return ("this rig's image predates the clipboard lane (guest protocol 2 with image "
                     "clipboard support); rebuild the image")

@@ -60,7 +60,7 @@ from rigd.backends.snapshot import (
 )
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
 from rigd.frames import Changes, Lane, LiveScreen
-from rigd.model import Accel
+from rigd.model import Accel, Surface
 from rigd.protocols.guest import Stream
 
 if TYPE_CHECKING:
@@ -144,6 +144,14 @@ async def make_overlay(qemu_img: str, overlay: Path, backing: Path, fmt: str, id
         what=what,
     )
     give(overlay, identity, 0o600)
+
+
+#: Why a machine without an X session has no clipboard lane, by surface.
+NO_CLIPBOARD = {
+    Surface.TERMINAL: "a terminal rig has no clipboard (it has no X session); use the file lane",
+    Surface.BROWSER: "a browser rig's clipboard is its page's: use browser_use clipboard_read and "
+                     "clipboard_write (on https pages), or the file lane",
+}
 
 
 class QemuMachine:
@@ -538,7 +546,8 @@ class QemuMachine:
         features = frozenset(f for f in feats if isinstance(f, str)) if isinstance(feats, list) \
             else frozenset[str]()
         return GuestLanes(self.channel, lambda: features, self.driver.drop_target,
-                          grace=self.grace, screen=self.driver.display is not None)
+                          grace=self.grace, screen=self.recipe.surface is Surface.COMPUTER,
+                          no_clipboard=NO_CLIPBOARD.get(self.recipe.surface, NO_CLIPBOARD[Surface.TERMINAL]))
 
     def channel(self) -> GuestConnection:
         """The agent channel of a running machine (a BackendError otherwise)."""

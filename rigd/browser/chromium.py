@@ -356,6 +356,12 @@ _RESOLVE = """(engine, body) => {
 
 # -- the driver ----------------------------------------------------------------------------------
 
+#: What Chromium answers for a node id of a document a navigation replaced.
+STALE_NODE = "Could not find node with given id"
+#: How many times a lookup starts over when a navigation replaced the document under it.
+STALE_RETRIES = 5
+
+
 class ChromiumDriver:
     """The browser_use verbs on one page. Made by :func:`open_chromium`."""
 
@@ -544,16 +550,20 @@ class ChromiumDriver:
         """The node id of the first element ``selector`` matches, 0 for none; a field error
         when the selector is invalid."""
         engine, body = selector_engine(selector)
-        # Node ids exist only for a document the client has asked for (DOM.requestNode
-        # answers 0 otherwise), and a new document starts over: ask every time.
-        root = await self.page.call("DOM.getDocument", {"depth": 0},
-                                    lambda f: f.obj("root").integer("nodeId", 1, 2**31))
         if engine == "css":
-            try:
-                node = await self.page.call("DOM.querySelector", {"nodeId": root, "selector": body},
-                                            lambda f: f.integer("nodeId", 0, 2**31))
-            except CDPCommandFailed as exc:
-                raise FieldError("action.selector", "is not a valid CSS selector") from exc
+            for _attempt in range(STALE_RETRIES):
+                # Node ids exist only for a document the client has asked for (DOM.requestNode
+                # answers 0 otherwise), and a new document starts over: ask every time.
+                root = await self.page.call("DOM.getDocument", {"depth": 0},
+                                            lambda f: f.obj("root").integer("nodeId", 1, 2**31))
+                try:
+                    return await self.page.call("DOM.querySelector", {"nodeId": root, "selector": body},
+                                                lambda f: f.integer("nodeId", 0, 2**31))
+                except CDPCommandFailed as exc:
+                    if STALE_NODE not in exc.cdp_message:
+                        raise FieldError("action.selector", "is not a valid CSS selector") from exc
+                    # A navigation replaced the document between the two calls: ask again.
+            raise PageError(f"the page's document kept changing while {selector[:80]!r} was looked up")
         else:
             object_id = await self._resolve(engine, body)
             node = 0 if object_id is None else await self.page.call(
@@ -885,7 +895,7 @@ class ChromiumDriver:
         with trio.move_on_after(a.timeout_s):
             while True:
                 # Each poll is a fresh query: a navigation meanwhile replaces the document.
-                with contextlib.suppress(CDPCommandFailed):
+                with contextlib.suppress(CDPCommandFailed, PageError):
                     if engine == "css":
                         found = await self._find(a.selector) != 0
                     else:

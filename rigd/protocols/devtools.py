@@ -7,10 +7,15 @@ capped, decoded strictly, and every field is checked before it is believed.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from PIL import Image
 
 from rigd.errors import RigdError
 
@@ -66,3 +71,40 @@ def parse_version(data: bytes) -> DevToolsVersion:
         raise RigdError("DevTools webSocketDebuggerUrl is not a ws:// URL", field="webSocketDebuggerUrl")
     return DevToolsVersion(browser=fields["Browser"], protocol=fields["Protocol-Version"],
                            user_agent=fields["User-Agent"], websocket_url=fields["webSocketDebuggerUrl"])
+
+
+#: A screencast frame's JPEG is at most this big (a 2560x1600 page at quality 70 is ~1 MB).
+MAX_CAST_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CastFrame:
+    """One ``Page.screencastFrame``: the JPEG, its size (read from the JPEG itself, not
+    from what the page claims), and the id to ack it with."""
+
+    data: bytes
+    width: int
+    height: int
+    ack: int
+
+
+def parse_cast_frame(params: dict[str, object]) -> CastFrame:
+    """Check a ``Page.screencastFrame`` event's params; a RigdError says what was wrong."""
+    raw = params.get("data")
+    ack = params.get("sessionId")
+    if not isinstance(ack, int) or isinstance(ack, bool) or not 0 <= ack < 2**31:
+        raise RigdError("screencast frame without a usable sessionId", field="sessionId")
+    if not isinstance(raw, str) or len(raw) > MAX_CAST_BYTES * 4 // 3 + 4:
+        raise RigdError("screencast frame data is missing or over the cap", field="data")
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (ValueError, binascii.Error) as exc:
+        raise RigdError("screencast frame data is not base64", field="data") from exc
+    try:
+        with Image.open(io.BytesIO(data)) as img:  # reads the header only
+            if img.format != "JPEG":
+                raise RigdError("screencast frame is not a JPEG", field="data")
+            width, height = img.size
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise RigdError("screencast frame does not decode", field="data") from exc
+    return CastFrame(data, width, height, ack)

@@ -310,8 +310,8 @@ def make_data_dir() -> Path:
     # Browser packs (one per engine) where test_browser_image makes them: ensure_browser_pack(…, SHARED_PACKS).
     browser_packs = SHARED_PACKS / "rigs" / "browser-packs"
     browser_packs.mkdir(parents=True, exist_ok=True)
-    for d in (browser_packs.parent, browser_packs):
-        os.chmod(d, 0o711)
+    for shared in (browser_packs.parent, browser_packs):
+        os.chmod(shared, 0o711)
     (rigs / "browser-packs").symlink_to(browser_packs)
     return d
 

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from rigd.backends.browser import chromium_launch_script, devtools_probe_script
+from rigd.backends.browser import (
+    IMAGE_ENGINE,
+    chromium_launch_script,
+    devtools_probe_script,
+    engine_watch_script,
+    relay_script,
+)
+from rigd.backends.microvm_argv import microvm_argv
 from rigd.errors import FieldError, RigdError
 from rigd.images.browser import Engine, browser_image, find_browser, parse_engine
 from rigd.images.pack import pack_dir
@@ -178,3 +185,45 @@ def test_oci_image_defaults_are_the_terminals(r: Recipes) -> None:
     t = terminal_image(r)
     assert isinstance(t, OciImage) and t.kind == "terminal" and t.debs_dir is None
     assert t.builders == ("terminal", "oci") and t.hook_args == ()
+
+
+def test_the_relays_reach_the_engine_only_from_the_rigs_own_port() -> None:
+    s = relay_script()
+    # guest loopback 9222 → the engine's 9223; the virtio-serial port (found by name) → 9222.
+    assert "TCP-LISTEN:9222,bind=127.0.0.1," in s and "TCP:127.0.0.1:9223" in s
+    assert '= rigd.devtools ]' in s and 'GOPEN:"$dev" TCP:127.0.0.1:9222' in s
+    # It returns only once the port relay holds the device (no fixed sleep stands in for it).
+    assert '/proc/$pid/fd' in s
+    assert "tail --pid=" in engine_watch_script() and "/run/rigd-browser.log" in engine_watch_script()
+
+
+def test_a_browser_machine_has_the_devtools_port_and_a_terminal_does_not(tmp_path: Path) -> None:
+    common = dict(qemu="qemu-system-x86_64", accel="tcg", memory_mb=2048, vcpus=2, kernel=tmp_path / "k",
+                  initrd=tmp_path / "i", root_disk=tmp_path / "d", tools_disk=tmp_path / "t",
+                  qmp_socket=tmp_path / "q", agent_socket=tmp_path / "a", console_socket=tmp_path / "c",
+                  tsc_khz=None)
+    plain = microvm_argv(**common)  # type: ignore[arg-type]
+    assert "virtio-serial-device,max_ports=2" in plain and not any("rigd.devtools" in a for a in plain)
+    port = microvm_argv(**common, extra_ports=[("rigd.devtools", tmp_path / "dev,tools.sock")])  # type: ignore[arg-type]
+    assert "virtio-serial-device,max_ports=3" in port
+    assert f"socket,id=port0,path={tmp_path}/dev,,tools.sock,server=on,wait=off" in port
+    assert "virtserialport,chardev=port0,name=rigd.devtools" in port
+    for bad in ("rigd.agent", "Rigd", "a,b", "", "x" * 40):
+        with pytest.raises(RigdError):
+            microvm_argv(**common, extra_ports=[(bad, tmp_path / "s")])  # type: ignore[arg-type]
+
+
+def test_the_host_connects_to_the_browser_path_never_to_the_guests_address() -> None:
+    good = "ws://127.0.0.1:9223/devtools/browser/b1b69db3-c41a-4d1b-9492-ffd11b3d1847"
+    assert parse_version(_version(webSocketDebuggerUrl=good)).browser_path == (
+        "/devtools/browser/b1b69db3-c41a-4d1b-9492-ffd11b3d1847")
+    for bad in ("ws://127.0.0.1:9223/devtools/page/b1b69db3-c41a-4d1b-9492-ffd11b3d1847",
+                "ws://127.0.0.1:9223/devtools/browser/../../x",
+                "ws://127.0.0.1:9223/devtools/browser/b1b69db3-c41a-4d1b-9492-ffd11b3d1847/x"):
+        with pytest.raises(RigdError):
+            _ = parse_version(_version(webSocketDebuggerUrl=bad)).browser_path
+
+
+def test_every_api_engine_maps_to_its_own_image_engine() -> None:
+    assert {k.value: v.value for k, v in IMAGE_ENGINE.items()} == {
+        "chromium": "chromium", "firefox": "firefox-esr", "webkit": "webkit2gtk-driver"}

@@ -365,3 +365,26 @@ async def test_a_standing_subscription_lasts_until_unsubscribed(
     conn.unsubscribe(sub)
     with pytest.raises(CDPClosed, match="subscription was ended"):
         await sub.receive()
+
+
+@pytest.mark.timeout(10)
+async def test_wait_ended_says_why_a_session_or_the_connection_ended(
+    pair: tuple[CDPConnection, FakeTransport],
+) -> None:
+    conn, fake = pair
+    got: dict[str, str] = {}
+
+    async def wait(key: str, session: str | None) -> None:
+        got[key] = await conn.wait_ended(session)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, "page", SID)
+        nursery.start_soon(wait, "conn", None)
+        await trio.testing.wait_all_tasks_blocked()
+        await fake.emit("Inspector.targetCrashed", {}, SID)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {"page": "the page's renderer crashed"}  # the connection is still up
+        await fake.drop("close 1006")
+    assert got["conn"] == "the browser closed the DevTools connection (close 1006)"
+    # Once ended, it answers at once.
+    assert await conn.wait_ended("ANY") == got["conn"]

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from rigd.errors import FieldError
-from rigd.model import LIMITS, Surface
+from rigd.model import ENGINE_MEMORY_MB, LIMITS, Engine, Surface
 from rigd.params import parse_open
 
 
@@ -17,12 +17,21 @@ def test_defaults_come_from_the_limits_table() -> None:
     assert p.wait is True and p.display is None
 
 
+def test_a_browser_defaults_to_chromium_and_its_memory() -> None:
+    p = parse_open({"workspace": "default", "surface": "browser"})
+    assert p.engine is Engine.CHROMIUM and p.memory_mb == ENGINE_MEMORY_MB[Engine.CHROMIUM]
+    assert p.display == LIMITS[Surface.BROWSER].display
+
+
 @pytest.mark.parametrize(
     ("params", "field", "fragment"),
     [
         ({"surface": "terminal"}, "workspace", "required"),
         ({"workspace": "w", "surface": "toaster"}, "surface", "must be one of"),
-        ({"workspace": "w", "surface": "browser"}, "surface", "not available in this build"),
+        ({"workspace": "w", "surface": "android"}, "surface", "not available in this build"),
+        ({"workspace": "w", "surface": "browser", "engine": "firefox"}, "engine", "not available in this build"),
+        ({"workspace": "w", "surface": "browser", "engine": "Chromium"}, "engine", "unknown engine"),
+        ({"workspace": "w", "surface": "browser", "memoryMb": 512}, "memoryMb", "between"),
         ({"workspace": "w", "surface": "terminal", "memoryMb": 999999}, "memoryMb", "between 256 and 4096"),
         ({"workspace": "w", "surface": "terminal", "vcpus": True}, "vcpus", "integer"),
         ({"workspace": "w", "surface": "terminal", "ttlS": 10**9}, "ttlS", "seconds"),

@@ -226,3 +226,24 @@ async def test_a_new_mode_in_a_result_moves_the_coordinate_bounds(desk_world: Wo
         await w.api.call("rig.act", w.admin, {"rigId": rig["id"], "tool": "computer_use",
                                    "action": {"action": "mouse_move", "coordinate": [1920, 10]}})
     assert exc.value.field == "action.coordinate" and "1920x1080" in exc.value.message
+
+
+async def test_conversation_reuses_its_browser_per_engine_and_never_its_terminal(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.rigs.backends[Surface.BROWSER] = w.backend
+    async with running(w):
+        def open_(surface: str, **extra: str) -> dict[str, str]:
+            return {"workspace": "default", "surface": surface, "conversation": "c1", **extra}
+
+        a = await w.api.call("rig.open", w.admin, open_("browser"))
+        b = await w.api.call("rig.open", w.admin, open_("browser", engine="chromium"))
+        t = await w.api.call("rig.open", w.admin, open_("terminal"))
+        assert a["id"] == b["id"] != t["id"] and a["engine"] == "chromium"
+        with pytest.raises(FieldError) as exc:
+            await w.api.call("rig.open", w.admin, open_("browser", engine="firefox"))
+        assert exc.value.field == "engine"
+        await w.api.call("rig.close", w.admin, {"rigId": a["id"]})
+        c = await w.api.call("rig.open", w.admin, open_("browser"))
+        assert c["id"] != a["id"]
+        # The terminal was left alone by the browser's close.
+        assert (await w.api.call("rig.get", w.admin, {"rigId": t["id"]}))["phase"] == "ready"
