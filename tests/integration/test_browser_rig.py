@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shlex
 import shutil
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 from PIL import Image
+from websockets.sync.client import connect
 
 from rigd.images.browser import Engine, build_browser
 from tests.integration.conftest import Server, make_data_dir, serving
@@ -57,6 +59,13 @@ setTimeout(() => { const d = document.createElement('div'); d.id = 'late'; docum
 SECOND = """<!doctype html><html><head><meta charset="utf-8"><title>Second</title></head>
 <body><h1>second page</h1></body></html>"""
 
+PERSON = """<!doctype html><html><head><meta charset="utf-8"><title>Person</title></head><body>
+<button id="big" style="position: fixed; left: 0; top: 0; width: 400px; height: 200px"
+  onclick="document.body.style.background = 'rgb(255, 0, 0)'; document.getElementById('box').focus()">press</button>
+<input id="box" style="position: fixed; left: 0; top: 300px"
+  onkeydown="if (event.key === 'Enter') document.title = 'typed ' + this.value">
+</body></html>"""
+
 SITE = "http://127.0.0.1:8000"
 
 
@@ -83,7 +92,7 @@ def browser() -> Iterator[tuple[Server, str]]:
         rig = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c1"})
         print(f"browser rig ready in {time.monotonic() - t0:.1f} s")
         assert rig["phase"] == "ready", rig
-        files = {"handler.sh": HANDLER, "form.html": FORM, "second.html": SECOND}
+        files = {"handler.sh": HANDLER, "form.html": FORM, "second.html": SECOND, "person.html": PERSON}
         script = "mkdir -p /srv && " + " && ".join(
             f"printf '%s' {shlex.quote(body)} > /srv/{name}" for name, body in files.items())
         sh(srv, rig["id"], script + " && chmod 0755 /srv/handler.sh")
@@ -209,6 +218,60 @@ def test_tools_call_browser_use_returns_an_image(browser: tuple[Server, str]) ->
     bad = srv.call("tools.call", {"workspace": "default", "conversation": "c1", "name": "browser_use",
                                   "arguments": {"action": "navigate", "url": "file:///"}})
     assert bad["isError"] is True and "url" in bad["content"][0]["text"]
+
+
+def _recv(ws: Any, want: str, within_s: float = 60) -> dict[str, Any]:
+    end = time.monotonic() + within_s
+    while True:
+        msg = ws.recv(timeout=max(0.1, end - time.monotonic()))
+        if isinstance(msg, str):
+            doc = json.loads(msg)
+            assert doc.get("type") != "error", doc
+            if doc.get("type") == want:
+                return dict(doc)
+
+
+def test_a_person_drives_the_page_through_the_live_view(browser: tuple[Server, str]) -> None:
+    srv, rig = browser
+    act(srv, rig, action="navigate", url=f"{SITE}/person.html")
+    srv.call("rig.control", {"rigId": rig, "op": "take"})
+    try:
+        path = srv.call("rig.viewUrl", {"rigId": rig})["path"]
+        with connect(srv.url.replace("http://", "ws://") + path, max_size=None, open_timeout=60) as ws:
+            hello = _recv(ws, "hello")
+            assert hello["control"] is True and hello["display"] == {"width": 1280, "height": 800}
+            first = _recv(ws, "frame")
+            # Chromium pushes the frames: the screencast, not polled screenshots.
+            assert first["source"] == "cdp-screencast" and first["mediaType"] == "image/jpeg", first
+            for msg in ({"type": "button", "button": "left", "down": True, "x": 100, "y": 100},
+                        {"type": "button", "button": "left", "down": False, "x": 100, "y": 100},
+                        {"type": "text", "text": "Grüße"},
+                        {"type": "key", "key": "Return", "down": True},
+                        {"type": "key", "key": "Return", "down": False}):
+                ws.send(json.dumps(msg))
+            ws.send(json.dumps({"type": "ping"}))
+            _recv(ws, "pong")
+            # The repaint (the body turned red) arrives as a new pushed frame.
+            end = time.monotonic() + 60
+            while True:
+                frame = _recv(ws, "frame")
+                image = ws.recv(timeout=30)
+                assert isinstance(image, bytes)
+                with Image.open(io.BytesIO(image)) as img:
+                    red, green, _blue = img.convert("RGB").getpixel((900, 600))
+                if red > 200 > green + 150:
+                    break
+                assert time.monotonic() < end, "no frame showed the click's repaint"
+            assert frame["seq"] > first["seq"]
+        dom = act(srv, rig, action="extract", kind="dom")
+        assert dom["title"]["text"] == "typed Grüße", dom["title"]
+        inputs = [r for r in srv.call("rig.log", {"rigId": rig}) if r["tool"] == "live_view"]
+        assert [r["verb"] for r in inputs][-5:] == ["button", "button", "text", "key", "key"]
+        assert "Grüße" not in json.dumps(inputs)  # typed text is masked in the audit log
+    finally:
+        srv.call("rig.control", {"rigId": rig, "op": "release"})
+    # The agent continues from the page the person left.
+    assert act(srv, rig, action="extract", kind="dom")["url"] == f"{SITE}/person.html"
 
 
 def test_an_engine_that_exits_fails_the_rig_saying_so(browser: tuple[Server, str]) -> None:
