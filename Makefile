@@ -8,12 +8,13 @@ PORT ?= 8470
 # Root runs QEMU as per-rig uids, which cannot enter a private home: keep data in /var/lib.
 DATA_DIR ?= $(if $(filter 0,$(shell id -u)),/var/lib/rigd,$(HOME)/.local/share/rigd)
 
-.PHONY: run test lint images images-desktop bench deps venv unit integration clean-cache help
+.PHONY: run test lint images images-desktop images-browser bench deps venv unit integration clean-cache help
 
 help:
 	@echo "make run    - install what is missing, build images, start the server"
 	@echo "make test   - install what is missing and run lint + the whole test suite"
 	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
+	@echo "make images-browser - build the Chromium browser image (a server also builds it on first use)"
 	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes)"
 	@echo "make lint   - ruff and mypy --strict"
 
@@ -35,6 +36,11 @@ images: venv
 images-desktop: venv
 	$(BIN)/python -m rigd.images desktop
 
+# The Chromium browser image: ~4-5 minutes cold; the browser tests boot it (a server
+# builds it on the first browser rig when it is absent).
+images-browser: venv
+	$(BIN)/python -m rigd.images browser --engine chromium
+
 run: images images-desktop
 	@if $(BIN)/rigd accel-probe; then accel=""; \
 	else echo "rigd: no working hardware acceleration here (see the line above);"; \
@@ -52,7 +58,7 @@ unit: venv
 integration: images
 	$(BIN)/pytest -q tests/integration
 
-test: images images-desktop lint
+test: images images-desktop images-browser lint
 	$(BIN)/pytest -q tests/unit tests/integration
 
 bench: images images-desktop

@@ -9,8 +9,9 @@ a test can show that traffic to them never arrives. Every request and every
 DNS query is appended to a JSON-lines log (``log``) — headers included,
 since the tests must see what arrived (the broker's secret among them).
 
-Responses: ``GET /bytes/N`` streams N bytes (throughput); any other path
-answers ``site=<identity> host=<Host> path=<path> auth=<yes|no>``.
+Responses: ``GET /bytes/N`` streams N bytes (throughput); a path the site's
+``pages`` name answers that document as text/html (the browser tests' pages);
+any other path answers ``site=<identity> host=<Host> path=<path> auth=<yes|no>``.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ async def http_session(stream: trio.abc.Stream, site: dict[str, Any], scheme: st
                 chunk = CHUNK[: min(n, len(CHUNK))]
                 await stream.send_all(chunk)
                 n -= len(chunk)
+            return
+        page = site.get("pages", {}).get(head.target.split("?", 1)[0])
+        if isinstance(page, str):
+            doc = page.encode()
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
+                                  b"Connection: close\r\nContent-Length: " + str(len(doc)).encode()
+                                  + b"\r\n\r\n" + doc)
             return
         body = (f"site={site['identity']} host={headers.get('host')} path={head.target} "
                 f"auth={'yes' if 'authorization' in headers else 'no'}\n").encode()

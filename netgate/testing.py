@@ -46,6 +46,8 @@ class Site:
     name: str
     address: str
     identity: str
+    #: Documents this site serves as text/html (path → page); any other path answers as before.
+    pages: tuple[tuple[str, str], ...] = ()
 
 
 #: The escape table's world. Names end in .test (reserved; never real).
@@ -114,7 +116,8 @@ class FakeInternet:
         ready = self.dir / "ready"
         config = {
             "log": str(self.log_path), "ready": str(ready), "cert_file": str(server), "key_file": str(key),
-            "sites": [{"address": s.address, "identity": s.identity} for s in self.sites],
+            "sites": [{"address": s.address, "identity": s.identity, "pages": dict(s.pages)}
+                      for s in self.sites],
             "dns": [{"address": UPSTREAM_DNS, "name": "upstream"},
                     {"address": FOREIGN_DNS, "name": "foreign"}],
             "records": self.records,

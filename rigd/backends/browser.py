@@ -179,6 +179,8 @@ def engine_watch_script() -> str:
 
 #: JPEG quality of the live view's screencast frames (as the desktop's live view).
 CAST_QUALITY = 70
+#: How long a live still waits for a new screencast's first frame before taking a screenshot.
+CAST_FIRST_S = 3.0
 #: How long one engine watch may wait before it is asked again (the agent's exec deadline).
 WATCH_S = 3600.0
 
@@ -208,6 +210,8 @@ class BrowserDriver:
     #: The newest screencast frame (JPEG) and its size, while a screencast runs.
     _cast: tuple[bytes, int, int] | None = None
     _cast_scope: trio.CancelScope | None = None
+    #: Set when the running screencast has delivered its first frame.
+    _cast_ready: trio.Event = field(default_factory=trio.Event)
     #: A person's pointer and held keys (live-view input, replayed through CDP).
     _pointer: PointerState = field(default_factory=PointerState)
     _input_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -327,20 +331,20 @@ class BrowserDriver:
                                f"{err.decode(errors='replace')[-500:]}")
         return parse_version(out)
 
-    def _page(self) -> ChromiumDriver:
+    def page_driver(self) -> ChromiumDriver:
         if self.chromium is None:
             raise BackendError(f"{self.engine.value} is not connected (the rig is starting or failing)")
         return self.chromium
 
     async def perform(self, action: Action) -> dict[str, Any]:
         try:
-            return await self._page().perform(action)
+            return await self.page_driver().perform(action)
         except CDPError as exc:
             raise BackendError(f"{action.verb}: {exc}") from exc
 
     async def still(self, *, max_w: int, max_h: int, fmt: str, quality: int,
                     mark_cursor: bool) -> Frame:
-        page = self._page()
+        page = self.page_driver()
         try:
             data, iw, ih = await page.capture(max_w=max_w, max_h=max_h, quality=quality)
         except CDPError as exc:
@@ -352,7 +356,7 @@ class BrowserDriver:
 
     async def send_input(self, steps: Sequence[Step]) -> None:
         """A person's live-view input, replayed through the engine's input API."""
-        page = self._page()
+        page = self.page_driver()
         async with self._input_lock:
             size = self.display or (page.viewport.width, page.viewport.height)
             commands, after = plan_cdp(steps, size, self._pointer)
@@ -395,9 +399,10 @@ class BrowserDriver:
         """Chromium pushes a JPEG whenever the page repaints; each is acked, kept as the newest,
         and every viewer told. Runs while anyone watches; its end never fails the rig (a lost
         connection does that on its own)."""
-        page = self._page()
+        page = self.page_driver()
         with trio.CancelScope() as scope:
             self._cast_scope = scope
+            self._cast_ready = trio.Event()
             task_status.started()
             try:
                 with page.page.subscribe({"Page.screencastFrame"}, limit=8) as sub:
@@ -410,6 +415,7 @@ class BrowserDriver:
                         frame = parse_cast_frame(event.params)
                         await page.page.send("Page.screencastFrameAck", {"sessionId": frame.ack})
                         self._cast = (frame.data, frame.width, frame.height)
+                        self._cast_ready.set()
                         v = page.viewport
                         for viewer in self._viewers:
                             viewer.damage([(0, 0, v.width, v.height)])
@@ -424,8 +430,13 @@ class BrowserDriver:
             viewer.pointer()  # wake them: the next still is a screenshot
 
     async def live_still(self, *, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
-        page = self._page()
+        page = self.page_driver()
         vw, vh = page.viewport.width, page.viewport.height
+        if self._cast is None and self._cast_scope is not None:
+            # A screencast that just started sends its first frame at once: take that
+            # rather than a screenshot of the same page.
+            with trio.move_on_after(CAST_FIRST_S):
+                await self._cast_ready.wait()
         if self._cast is not None:
             data, iw, ih = self._cast
             lane = Lane("cdp-screencast", "Chromium pushes a frame whenever the page repaints", {})

@@ -515,7 +515,10 @@ class ChromiumDriver:
             nav = await self.page.call("Page.navigate", {"url": a.url}, parse_navigate,
                                        timeout=self.load_timeout_s)
             if nav.error_text is not None:
-                raise PageError(f"navigate: the page did not load: {nav.error_text}")
+                host = urlsplit(a.url).hostname or "the page"
+                hint = (" (names outside the rig's egress allowlist do not resolve)"
+                        if nav.error_text == "net::ERR_NAME_NOT_RESOLVED" else "")
+                raise PageError(f"navigate: {host} did not load: {nav.error_text}{hint}")
             loaded = True if nav.loader_id is None else await self._wait_load(
                 life, nav.loader_id, self.load_timeout_s)
             status = _document_status(responses.drain(), nav.loader_id)

@@ -265,7 +265,8 @@ def read(result: dict[str, Any], method: str, parse: Callable[[Fields], T]) -> T
 
 # -- DevToolsActivePort --------------------------------------------------------------------------
 
-_BROWSER_PATH = re.compile(r"/devtools/browser/[0-9A-Za-z-]{1,64}")
+#: A browser target's WebSocket path (DevToolsActivePort, /json/version).
+BROWSER_PATH = re.compile(r"/devtools/browser/[0-9A-Za-z-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +285,7 @@ def parse_active_port(text: str) -> ActivePort:
     lines = text[:512].splitlines()
     if len(lines) < 2 or not lines[0].isdigit() or not 0 < int(lines[0][:6]) < 65536:
         raise CDPProtocolError("DevToolsActivePort does not start with a port number")
-    if not _BROWSER_PATH.fullmatch(lines[1]):
+    if not BROWSER_PATH.fullmatch(lines[1]):
         raise CDPProtocolError("DevToolsActivePort's second line is not /devtools/browser/<id>")
     return ActivePort(int(lines[0]), lines[1])
 

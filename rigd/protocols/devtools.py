@@ -11,13 +11,13 @@ import base64
 import binascii
 import io
 import json
-import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from PIL import Image
 
 from rigd.errors import RigdError
+from rigd.protocols.cdp import BROWSER_PATH
 
 #: A real answer is ~500 bytes; anything past this is not DevTools.
 MAX_VERSION_BYTES = 16 * 1024
@@ -42,13 +42,11 @@ class DevToolsVersion:
         """The browser endpoint's path (``/devtools/browser/<uuid>``), checked: the
         host connects to its own relay with it, never to the address the guest named."""
         path = urlsplit(self.websocket_url).path
-        if not _BROWSER_PATH.fullmatch(path):
+        if not BROWSER_PATH.fullmatch(path):
             raise RigdError("DevTools webSocketDebuggerUrl has no /devtools/browser/<id> path",
                             field="webSocketDebuggerUrl")
         return path
 
-
-_BROWSER_PATH = re.compile(r"/devtools/browser/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def parse_version(data: bytes) -> DevToolsVersion:

@@ -30,6 +30,10 @@ CLIPBOARD_GRANT_S = 600
 IMPORT_SOURCE_MAX = 4096
 
 
+#: The surfaces with a screen a person can watch and drive.
+LIVE_SURFACES = frozenset({"computer", "browser"})
+
+
 def build_methods(
     stores: Stores, rigs: RigManager, signer: Any, base_url: list[str], broker: SecretStore | None = None,
     *, images: ImportJobs | None = None,
@@ -181,12 +185,12 @@ def build_methods(
         return {"memoryBudgetMb": rigs.memory_budget_mb}
 
     async def signed_url(caller: Caller, raw: object, kind: str, route: str,
-                         surface: str | None = None) -> dict[str, Any]:
+                         surfaces: frozenset[str] | None = None) -> dict[str, Any]:
         params = obj(raw)
         no_extra(params, {"rigId"})
         rig_id = ident(params, "rigId")
         rig = await api.get(caller, RigRef(rig_id))
-        if surface is not None and rig["surface"] != surface:
+        if surfaces is not None and rig["surface"] not in surfaces:
             raise FieldError("rigId", f"a {rig['surface']} rig has no {route} lane")
         q = signer.sign(kind, rig["workspace"], rig_id, caller.user.id)
         path = f"/rig/{route}/{rig_id}?u={q['u']}&exp={q['exp']}&sig={q['sig']}"
@@ -198,8 +202,8 @@ def build_methods(
         return await signed_url(caller, raw, "rig-term", "term")
 
     async def view_url(caller: Caller, raw: object) -> dict[str, Any]:
-        """A signed ``rig-view`` URL of a computer rig's live view (/rig/live/<rigId>)."""
-        return await signed_url(caller, raw, "rig-view", "live", surface="computer")
+        """A signed ``rig-view`` URL of a computer or browser rig's live view (/rig/live/<rigId>)."""
+        return await signed_url(caller, raw, "rig-view", "live", surfaces=LIVE_SURFACES)
 
     async def files_url(caller: Caller, raw: object) -> dict[str, Any]:
         """Signed ``rig-files`` paths of a rig's file and clipboard lanes."""

@@ -5,8 +5,10 @@ terminal — and its driver starts Chromium (headless, DevTools on guest
 loopback 9223) as the unprivileged ``browser`` user. The proof is asked from
 the host through the agent's exec: ``curl /json/version`` inside the guest.
 
-Not in ``make test`` yet (a cold image build takes 3-5 min; with the image and pack cached the
-test took 115 s at load ~5 under TCG).
+It then drives the start page from the host over the rig's own DevTools port (a
+DOM extract, a screenshot and a scaled still). A cold image build takes 3-5 min (``make
+images-browser`` does it before the tests); with the image and pack cached the test takes
+about a minute under TCG.
 The fixture records QEMU's pid as it starts and kills it by that pid at the end
 (a QEMU still alive after the machine's own teardown fails the test).
 """

@@ -2,10 +2,11 @@
 ``rig.act browser_use``, ``tools.call browser_use`` and the rig's failure boundary.
 
 One server and one rig for the module (a cold browser boots in ~1 min under TCG); the
-tests run in file order and the last one kills the engine. Pages come from a tiny HTTP
-server the tests start inside the guest on its loopback (socat, in the image), so no
-test traffic leaves the machine and the rig's egress stays empty. What the page did is
-read back through ``extract`` and through the guest (``terminal_use exec``).
+tests run in file order and the last one kills the engine. The pages come from the fake
+internet (``netgate.testing.FakeInternet``: a namespace the test owns, documentation-range
+addresses) through the rig's own egress gateway, which allows ``pages.test`` only; the
+gateways resolve with the fake internet's DNS and dial out of its namespace, as in
+test_netgate_rig. What the page did is read back through ``extract`` and the request log.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-import shlex
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 from PIL import Image
 from websockets.sync.client import connect
 
+from netgate.testing import DEFAULT_SITES, FakeInternet, Site
 from rigd.images.browser import Engine, build_browser
 from tests.integration.conftest import Server, make_data_dir, serving
 
@@ -30,23 +32,14 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.timeout(900),
     pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU"),
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nftables"),
 ]
-
-#: A one-file HTTP/1.0 server for /srv, run by socat for each connection.
-HANDLER = r"""#!/bin/sh
-read -r method path proto
-while read -r line; do [ "$(printf %s "$line" | tr -d '\r')" = "" ] && break; done
-f="/srv${path%%\?*}"
-if [ -f "$f" ]; then
-  printf 'HTTP/1.0 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %s\r\n\r\n' "$(wc -c <"$f")"
-  cat "$f"
-else
-  printf 'HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n'
-fi
-"""
 
 FORM = """<!doctype html><html><head><meta charset="utf-8"><title>Form</title></head><body>
 <input id="name" autofocus><textarea id="notes"></textarea>
+<button id="corner" style="position: fixed; right: 0; bottom: 0; width: 100px; height: 50px"
+  onclick="document.getElementById('out').textContent = 'corner clicked'">corner</button>
+<form action="/second.html" method="get"><input id="q" name="q"><button id="send">Send</button></form>
 <button id="go" onclick="document.getElementById('out').textContent = 'hello ' +
   document.getElementById('name').value; console.log('clicked', document.getElementById('name').value)">Go</button>
 <p id="out">nothing yet</p><a id="next" href="/second.html">next</a>
@@ -66,7 +59,12 @@ PERSON = """<!doctype html><html><head><meta charset="utf-8"><title>Person</titl
   onkeydown="if (event.key === 'Enter') document.title = 'typed ' + this.value">
 </body></html>"""
 
-SITE = "http://127.0.0.1:8000"
+SITE = "http://pages.test"
+PAGES = Site("pages.test", "192.0.2.60", "pages",
+             pages=(("/form.html", FORM), ("/second.html", SECOND), ("/person.html", PERSON)))
+
+
+World = tuple[Server, str, FakeInternet]
 
 
 def sh(srv: Server, rig: str, command: str, timeout_s: float = 60) -> str:
@@ -85,25 +83,24 @@ def refused(srv: Server, rig: str, **action: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[tuple[Server, str]]:
+def browser() -> Iterator[World]:
     build_browser(Engine.CHROMIUM, log=lambda m: print(f"[images] {m}"))  # cached: a hash
-    with serving(make_data_dir()) as srv:
-        t0 = time.monotonic()
-        rig = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c1"})
-        print(f"browser rig ready in {time.monotonic() - t0:.1f} s")
-        assert rig["phase"] == "ready", rig
-        files = {"handler.sh": HANDLER, "form.html": FORM, "second.html": SECOND, "person.html": PERSON}
-        script = "mkdir -p /srv && " + " && ".join(
-            f"printf '%s' {shlex.quote(body)} > /srv/{name}" for name, body in files.items())
-        sh(srv, rig["id"], script + " && chmod 0755 /srv/handler.sh")
-        sh(srv, rig["id"], "setsid socat TCP-LISTEN:8000,bind=127.0.0.1,reuseaddr,fork "
-                           "EXEC:/srv/handler.sh </dev/null >/dev/null 2>&1 & "
-                           "until curl -sf -o /dev/null http://127.0.0.1:8000/second.html; do sleep 0.1; done")
-        yield srv, rig["id"]
+    world = FakeInternet("rgt", sites=(*DEFAULT_SITES, PAGES)).start()
+    try:
+        with serving(make_data_dir(), "--resolver", f"{world.resolver[0]}:{world.resolver[1]}",
+                     "--upstream-netns", world.netns, "--upstream-ca", str(world.ca_pem_path)) as srv:
+            t0 = time.monotonic()
+            rig = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c1",
+                                        "egress": {"allow": ["pages.test"]}})
+            print(f"browser rig ready in {time.monotonic() - t0:.1f} s")
+            assert rig["phase"] == "ready", rig
+            yield srv, rig["id"], world
+    finally:
+        world.close()
 
 
-def test_a_browser_rig_is_one_engine_reused_by_its_conversation(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_a_browser_rig_is_one_engine_reused_by_its_conversation(browser: World) -> None:
+    srv, rig, _world = browser
     got = srv.call("rig.get", {"rigId": rig})
     assert (got["surface"], got["engine"], got["backend"]) == ("browser", "chromium", "smolvm")
     assert got["display"] == {"width": 1280, "height": 800} and got["memoryMb"] == 2048
@@ -127,15 +124,15 @@ def test_a_browser_rig_is_one_engine_reused_by_its_conversation(browser: tuple[S
             assert local.startswith("0100007F:"), line  # 127.0.0.1
 
 
-def test_the_start_page_is_a_local_document(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_the_start_page_is_a_local_document(browser: World) -> None:
+    srv, rig, _world = browser
     dom = act(srv, rig, action="extract", kind="dom")
     assert dom["url"].startswith("file:///tmp/rigd-profile.")
     assert "rigd browser rig" in dom["content"]["text"] and dom["content"]["untrusted"] is True
 
 
-def test_navigate_fill_click_and_read_back(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_navigate_fill_click_and_read_back(browser: World) -> None:
+    srv, rig, world = browser
     nav = act(srv, rig, action="navigate", url=f"{SITE}/form.html")
     assert nav["url"] == f"{SITE}/form.html", nav
     act(srv, rig, action="fill", selector="#name", text="Zoë 世界")
@@ -144,19 +141,45 @@ def test_navigate_fill_click_and_read_back(browser: tuple[Server, str]) -> None:
     assert "hello Zoë 世界" in dom["content"]["text"], dom["content"]["text"][:2000]
     console = act(srv, rig, action="extract", kind="console")
     assert "form loaded" in console["content"]["text"] and "clicked" in console["content"]["text"]
+    # By coordinates (CSS px of the 1280x800 viewport): the fixed button in the corner.
+    act(srv, rig, action="click", coordinate=[1230, 775])
+    assert "corner clicked" in act(srv, rig, action="extract", kind="dom")["content"]["text"]
+    # The page came through the rig's gateway from the fake internet.
+    assert any(r["path"] == "/form.html" for r in world.requests_to("pages"))
 
 
-def test_type_and_key_reach_the_focused_element(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_a_form_is_filled_and_submitted(browser: World) -> None:
+    srv, rig, world = browser
+    act(srv, rig, action="fill", selector="#q", text="héllo 世界")
+    act(srv, rig, action="click", selector="#send")
+    found = act(srv, rig, action="wait_for", selector="h1", timeoutS=30)
+    if not found["found"]:
+        dom = act(srv, rig, action="extract", kind="dom")
+        console = act(srv, rig, action="extract", kind="console")
+        pytest.fail(f"the submitted form never loaded: at {dom['url']}; console "
+                    f"{console['content']['text'][-1500:]}; the site saw {world.requests_to('pages')}")
+    dom = act(srv, rig, action="extract", kind="dom")
+    assert dom["url"] == f"{SITE}/second.html?q=h%C3%A9llo+%E4%B8%96%E7%95%8C", dom["url"]
+    assert any(r["path"].startswith("/second.html?q=h%C3%A9llo") for r in world.requests_to("pages"))
+    back = act(srv, rig, action="history", direction="back")
+    assert back["url"] == f"{SITE}/form.html", back
+
+
+def test_type_and_key_reach_the_focused_element(browser: World) -> None:
+    srv, rig, _world = browser
     act(srv, rig, action="click", selector="#notes")
-    act(srv, rig, action="type", text="línea")
+    act(srv, rig, action="type", text="héllo 世界")
     act(srv, rig, action="key", text="Enter")
     dom = act(srv, rig, action="extract", kind="dom")
     assert dom["title"]["text"] == "enter pressed", dom["title"]
+    # The a11y extract (the platform accessibility tree) hears what was typed.
+    a11y = act(srv, rig, action="extract", kind="a11y")
+    assert a11y["kind"] == "a11y" and "textbox" in a11y["content"]["text"]
+    assert "héllo 世界" in a11y["content"]["text"], a11y["content"]["text"][:3000]
 
 
-def test_screenshot_and_viewport(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_screenshot_and_viewport(browser: World) -> None:
+    srv, rig, _world = browser
     shot = act(srv, rig, action="screenshot")
     img = Image.open(io.BytesIO(base64.b64decode(shot["image"]["data"])))
     assert img.format == "JPEG" and img.size == (1280, 800) == (shot["imageSize"]["width"],
@@ -166,11 +189,14 @@ def test_screenshot_and_viewport(browser: tuple[Server, str]) -> None:
     assert shot["display"] == {"width": 800, "height": 600} and shot["imageSize"] == {"width": 800, "height": 600}
     full = act(srv, rig, action="screenshot", full_page=True)
     assert full["fullPage"] is True and full["pageSize"]["height"] > 3000
+    act(srv, rig, action="set_viewport", width=320, height=240)
+    small = act(srv, rig, action="screenshot")
+    assert small["display"] == {"width": 320, "height": 240} == small["imageSize"], small["imageSize"]
     act(srv, rig, action="set_viewport", width=1280, height=800)
 
 
-def test_wait_for_history_and_scroll(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_wait_for_history_and_scroll(browser: World) -> None:
+    srv, rig, _world = browser
     act(srv, rig, action="reload")
     found = act(srv, rig, action="wait_for", selector="#late", timeoutS=10)
     assert found["found"] is True
@@ -184,8 +210,8 @@ def test_wait_for_history_and_scroll(browser: tuple[Server, str]) -> None:
     assert back["url"] == f"{SITE}/form.html", back
 
 
-def test_bad_input_is_a_field_error_and_the_page_is_untouched(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_bad_input_is_a_field_error_and_the_page_is_untouched(browser: World) -> None:
+    srv, rig, _world = browser
     before = act(srv, rig, action="extract", kind="dom")["url"]
     for action, field in (
         ({"action": "navigate", "url": "file:///etc/passwd"}, "action.url"),
@@ -202,6 +228,21 @@ def test_bad_input_is_a_field_error_and_the_page_is_untouched(browser: tuple[Ser
     err = refused(srv, rig, action="clipboard_read")
     assert "http://" in err["message"] and "type" in err["message"], err
     assert act(srv, rig, action="extract", kind="dom")["url"] == before
+
+
+def test_a_host_outside_the_allowlist_does_not_load(browser: World) -> None:
+    srv, rig, world = browser
+    before = act(srv, rig, action="extract", kind="dom")["url"]
+    err = refused(srv, rig, action="navigate", url="http://denied.test/")
+    assert "denied.test did not load: net::ERR_NAME_NOT_RESOLVED" in err["message"], err
+    assert "egress allowlist" in err["message"]
+    assert act(srv, rig, action="extract", kind="dom")["url"] == before
+    # Nor by address: the gateway answers for the site, with its refusal.
+    nav = act(srv, rig, action="navigate", url="http://198.51.100.20/")
+    assert nav["status"] == 403, nav
+    assert "rigd egress gateway" in act(srv, rig, action="extract", kind="dom")["content"]["text"]
+    assert world.requests_to("denied") == []
+    act(srv, rig, action="navigate", url=f"{SITE}/form.html")
 
 
 def test_tools_call_browser_use_returns_an_image(browser: tuple[Server, str]) -> None:
@@ -231,11 +272,21 @@ def _recv(ws: Any, want: str, within_s: float = 60) -> dict[str, Any]:
                 return dict(doc)
 
 
-def test_a_person_drives_the_page_through_the_live_view(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_a_person_drives_the_page_through_the_live_view(browser: World) -> None:
+    srv, rig, _world = browser
     act(srv, rig, action="navigate", url=f"{SITE}/person.html")
+    user = srv.call("user.create", {"name": "browser-bot", "kind": "agent"})
+    srv.call("member.add", {"workspace": "default", "user": user["id"]})
+    bot = str(srv.call("token.create", {"user": user["id"]})["token"])
     srv.call("rig.control", {"rigId": rig, "op": "take"})
     try:
+        # While a person drives, the agent may look but not act.
+        err = srv.error("rig.act", {"rigId": rig, "tool": "browser_use",
+                                    "action": {"action": "click", "selector": "#big"}}, token=bot)
+        assert "a person is driving" in err["message"], err
+        seen = srv.call("rig.act", {"rigId": rig, "tool": "browser_use", "action": {"action": "screenshot"}},
+                        token=bot)
+        assert seen["imageSize"] == {"width": 1280, "height": 800}
         path = srv.call("rig.viewUrl", {"rigId": rig})["path"]
         with connect(srv.url.replace("http://", "ws://") + path, max_size=None, open_timeout=60) as ws:
             hello = _recv(ws, "hello")
@@ -274,8 +325,8 @@ def test_a_person_drives_the_page_through_the_live_view(browser: tuple[Server, s
     assert act(srv, rig, action="extract", kind="dom")["url"] == f"{SITE}/person.html"
 
 
-def test_an_engine_that_exits_fails_the_rig_saying_so(browser: tuple[Server, str]) -> None:
-    srv, rig = browser
+def test_an_engine_that_exits_fails_the_rig_saying_so(browser: World) -> None:
+    srv, rig, _world = browser
     sh(srv, rig, "kill -KILL $(cat /run/rigd-browser.pid)")
     deadline = time.monotonic() + 120
     while True:

@@ -195,6 +195,12 @@ export class LiveView {
     const data = ev.clipboardData;
     const image = data && [...data.files].find((f) => f.type === "image/png" || f.type === "image/jpeg");
     const text = data ? data.getData("text/plain") : "";
+    if (this.tab.rig.surface === "browser") {
+      // A headless browser has no system clipboard to fill: the text is typed at the caret.
+      if (!text) { this.say("Only text pastes into a browser rig.", "error"); return; }
+      for (let i = 0; i < text.length; i += 4000) this.send({ type: "text", text: text.slice(i, i + 4000) });
+      return;
+    }
     try {
       if (image) await this.tab.pasteData(image, image.type);
       else if (text) await this.tab.pasteData(text, "text/plain; charset=utf-8");

@@ -7,6 +7,14 @@ import { h, replace, duration, until, bytes, announce } from "./dom.js";
 import { LiveView } from "./live.js";
 import { TermView } from "./termview.js";
 
+// Where a rig's dropped files land, by surface (the server's drop targets).
+const DROP_HOME = { terminal: "/root/file.txt", computer: "/home/rig/file.txt", browser: "/tmp/cc-drops/file.txt" };
+const DROP_SAYS = {
+  terminal: "Drop files on the terminal, or pick them; they land in ~/drops.",
+  computer: "Drop files on the screen, or pick them; they land in ~/Drops.",
+  browser: "Drop files on the page, or pick them; they land in /tmp/cc-drops.",
+};
+
 const HEARTBEAT_MS = 2000;
 const LOG_PAGE = 50;
 
@@ -176,7 +184,7 @@ export class RigTab {
     const dropStatus = h("p.status", { role: "status", "aria-live": "polite", id: "drop-status" });
     const pick = h("input", { type: "file", id: "drop-pick", multiple: true,
       onchange: () => { if (pick.files.length) this.sendFiles([...pick.files], null); pick.value = ""; } });
-    const path = h("input", { id: "download-path", name: "path", size: 36, placeholder: this.rig.surface === "terminal" ? "/root/file.txt" : "/home/rig/file.txt" });
+    const path = h("input", { id: "download-path", name: "path", size: 36, placeholder: DROP_HOME[this.rig.surface] || DROP_HOME.computer });
     const download = h("form.inline", { "aria-label": "Download a file from the rig", onsubmit: (e) => {
       e.preventDefault();
       if (!path.value.trim()) return;
@@ -192,7 +200,7 @@ export class RigTab {
     replace(this.tools,
       h("div.tool", {}, h("h2", {}, "Clipboard"), clip, this.prompt, this.clipOut),
       h("div.tool", {}, h("h2", {}, "Files"),
-        h("p.muted", {}, this.rig.surface === "terminal" ? "Drop files on the terminal, or pick them; they land in ~/drops." : "Drop files on the screen, or pick them; they land in ~/Drops."),
+        h("p.muted", {}, DROP_SAYS[this.rig.surface] || DROP_SAYS.computer),
         h("label", { for: "drop-pick" }, "Send files"), pick, progress, dropStatus, download));
   }
 
