@@ -34,14 +34,10 @@ import logging
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +55,13 @@ from rigd.backends.qemu import QemuConfig, QemuMachine, make_overlay, open_qemu_
 from rigd.backends.recipe import RigPaths  # noqa: E402
 from rigd.browser.cdp import open_cdp  # noqa: E402
 from rigd.browser.chromium import ChromiumDriver, open_chromium  # noqa: E402
+from rigd.browser.testing import serve_pages, start_host_chromium, static_pages, stop_host_chromium  # noqa: E402
 from rigd.images.browser import BrowserAssets, Engine, build_browser, ensure_browser_pack  # noqa: E402
 from rigd.model import Accel, Display, Surface  # noqa: E402
-from rigd.protocols.cdp import parse_active_port  # noqa: E402
 from rigd.protocols.devtools import parse_cast_frame  # noqa: E402
 from rigd.server.live import changed_frames  # noqa: E402
 from rigd.verbs import Action, ParseContext, parse_action  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: Where the pack is made (shared with the tests' packs by default: a pack is ~1 GB and minutes to make).
 PACKS = Path(os.environ.get("RIGD_BENCH_PACKS", "/var/tmp/rigd-test-packs"))
 
@@ -105,66 +100,15 @@ def act(raw: dict[str, Any]) -> Action:
     return parsed
 
 
-class _Pages(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = PAGES.get(self.path.split("?", 1)[0])
-        data = (body or "not found").encode()
-        self.send_response(200 if body else 404)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def host_site() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
 @contextlib.asynccontextmanager
 async def host_chromium(home: Path) -> AsyncIterator[ChromiumDriver]:
     """The peer: the host's Chromium, headless, its own profile, killed by process group."""
-    profile = home / "profile"
-    log_path = trio.Path(home / "chromium.log")
-    async with await log_path.open("wb") as err:
-        proc = await trio.lowlevel.open_process(
-            [CHROMIUM, "--headless=new", "--no-sandbox", "--remote-debugging-port=0",
-             f"--user-data-dir={profile}", "--no-first-run", "--no-default-browser-check",
-             "--disable-gpu", "--disable-background-networking", "--disable-sync",
-             "--disable-component-update", "--window-size=1280,800", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err.wrapped, start_new_session=True)
+    host = await trio.to_thread.run_sync(start_host_chromium, home)
     try:
-        port_file = trio.Path(profile / "DevToolsActivePort")
-        with trio.fail_after(60):
-            while True:
-                with contextlib.suppress(FileNotFoundError):
-                    text = await port_file.read_text()
-                    if len(text.splitlines()) >= 2:
-                        break
-                if proc.poll() is not None:
-                    raise RuntimeError("host chromium exited: " + (await log_path.read_text())[-1000:])
-                await trio.sleep(0.05)
-        active = parse_active_port(text)
-        async with (open_cdp(f"ws://127.0.0.1:{active.port}{active.browser_path}") as conn,
-                    open_chromium(conn, viewport=Display(1280, 800)) as page):
+        async with open_cdp(host.ws_url) as conn, open_chromium(conn, viewport=Display(1280, 800)) as page:
             yield page
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with trio.move_on_after(10):
-            await proc.wait()
+        await trio.to_thread.run_sync(stop_host_chromium, host)
 
 
 async def navigate_and_shoot(perform: Any, site: str, rounds: int) -> list[float]:
@@ -218,7 +162,7 @@ async def run(args: argparse.Namespace, assets: BrowserAssets, pack: Path, work:
     identity = Identity(os.getuid(), os.getgid(), (), per_rig=False)
     await make_overlay(config.qemu_img, paths.overlay, pack, "raw", identity)
     spec = MachineSpec(rig_id="benchbrowser", surface=Surface.BROWSER, memory_mb=2048, vcpus=2)
-    with host_site() as site:
+    with serve_pages(static_pages(PAGES)) as site:
         async with open_qemu_machine(spec=spec, recipe=recipe, config=config, identity=identity,
                                      paths=paths, gateway=None, log=logging.getLogger("rigd.bench")) as m:
             t0 = time.perf_counter()

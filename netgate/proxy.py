@@ -92,10 +92,14 @@ class BrokerBinding:
 
 
 class _Refused(Exception):
-    def __init__(self, reason: str, host: str | None = None) -> None:
+    def __init__(self, reason: str, host: str | None = None, *, answer: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.host = host
+        #: Whether the guest gets a refusal (a 403, a TLS alert) or only the close: a connection
+        #: that never sent a byte asked nothing, and an answer parked on it would be read as the
+        #: reply to whatever the guest sends next (a browser's preconnected socket).
+        self.answer = answer
 
 
 class PrefixedStream(trio.abc.Stream):
@@ -258,6 +262,7 @@ class Proxy:
             sniff.ClientHelloSniffer(self.limits.sniff_bytes) if kind == "tls"
             else sniff.HttpHostSniffer(self.limits.sniff_bytes))
         verdict: sniff.Verdict = sniff.NeedMore()
+        received = 0
         with trio.move_on_after(self.limits.sniff_timeout):
             while isinstance(verdict, sniff.NeedMore):
                 try:
@@ -265,13 +270,17 @@ class Proxy:
                 except _CLOSE_ERRORS:
                     data = b""
                 if not data:
-                    raise _Refused("closed before naming a server")
+                    raise _Refused("closed before naming a server", answer=False)
+                received += len(data)
                 verdict = sniffer.feed(data)
         match verdict:
             case sniff.ServerName(name=name, ip_literal=True):
                 raise _Refused("direct IP address (names only)", name)
             case sniff.ServerName(name=name):
                 return bytes(sniffer.buffered), str(name)
+            case sniff.NeedMore() if received == 0:
+                raise _Refused("idle: nothing sent within the sniff timeout (closed without an answer)",
+                               answer=False)
             case sniff.NeedMore():
                 raise _Refused("no server name within the sniff timeout")
             case sniff.NoServerName(reason=reason) | sniff.NotRecognised(reason=reason):
@@ -311,6 +320,8 @@ class Proxy:
         raise _Refused("upstream unreachable (" + "; ".join(errors) + ")")
 
     async def _refuse(self, stream: trio.SocketStream, kind: str, exc: _Refused) -> None:
+        if not exc.answer:
+            return  # the caller closes the stream
         if kind == "tls":
             payload = TLS_ACCESS_DENIED
         else:

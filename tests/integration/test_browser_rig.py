@@ -156,8 +156,10 @@ def test_a_form_is_filled_and_submitted(browser: World) -> None:
     if not found["found"]:
         dom = act(srv, rig, action="extract", kind="dom")
         console = act(srv, rig, action="extract", kind="console")
-        pytest.fail(f"the submitted form never loaded: at {dom['url']}; console "
-                    f"{console['content']['text'][-1500:]}; the site saw {world.requests_to('pages')}")
+        gate = [(r["verb"], r["args"]) for r in srv.call("rig.log", {"rigId": rig}) if r["tool"] == "netgate"]
+        pytest.fail(f"the submitted form never loaded: at {dom['url']} showing "
+                    f"{dom['content']['text'][:800]!r}; console {console['content']['text'][-1500:]}; "
+                    f"the gateway said {gate[-12:]}; the site saw {[r['path'] for r in world.requests_to('pages')]}")
     dom = act(srv, rig, action="extract", kind="dom")
     assert dom["url"] == f"{SITE}/second.html?q=h%C3%A9llo+%E4%B8%96%E7%95%8C", dom["url"]
     assert any(r["path"].startswith("/second.html?q=h%C3%A9llo") for r in world.requests_to("pages"))

@@ -10,17 +10,11 @@ teardown; pages come from an HTTP server on 127.0.0.1 run by the test.
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import os
-import shutil
 import signal
-import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +24,13 @@ from PIL import Image
 
 from rigd.browser.cdp import CDPConnection, open_cdp
 from rigd.browser.chromium import ChromiumDriver, open_chromium
+from rigd.browser.testing import CHROMIUM, HostChromium, serve_pages, start_host_chromium, stop_host_chromium
 from rigd.errors import Conflict, FieldError
 from rigd.model import Surface
-from rigd.protocols.cdp import CDPClosed, CDPTimeout, parse_active_port
+from rigd.protocols.cdp import CDPClosed, CDPTimeout
 from rigd.verbs import parse_action
 from rigd.verbs.base import ParseContext
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no chromium on this host")
 
 PAGES: dict[str, str] = {
@@ -84,39 +78,21 @@ document.body.appendChild(d); }, 800);</script>""",
 SERVED: dict[str, int] = {}
 
 
-class _Pages(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        SERVED[path] = SERVED.get(path, 0) + 1
-        if path == "/hang.html":
-            time.sleep(8)  # a server that never answers, as far as a 1 s deadline can tell
-        if path == "/count.html":
-            body: str | None = f"<!doctype html><title>served {SERVED[path]}</title>"
-        else:
-            body = PAGES.get(path)
-        data = (body or "not found").encode()
-        self.send_response(200 if body else 404)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+def _respond(path_qs: str) -> tuple[int, str] | None:
+    path = path_qs.split("?", 1)[0]
+    SERVED[path] = SERVED.get(path, 0) + 1
+    if path == "/hang.html":
+        time.sleep(8)  # a server that never answers, as far as a 1 s deadline can tell
+    if path == "/count.html":
+        return 200, f"<!doctype html><title>served {SERVED[path]}</title>"
+    body = PAGES.get(path)
+    return None if body is None else (200, body)
 
 
 @pytest.fixture(scope="module")
 def site() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve_pages(_respond) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -129,64 +105,21 @@ def tls_site() -> Iterator[str]:
     ca = trustme.CA()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-@dataclass
-class HostChromium:
-    ws_url: str
-    proc: subprocess.Popen[bytes]
+    with serve_pages(_respond, tls=context) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostChromium]:
     home = tmp_path_factory.mktemp("chromium")
-    profile = home / "profile"
-    stderr = (home / "stderr.log").open("wb")
-    proc = subprocess.Popen(
-        [CHROMIUM, "--headless=new", "--no-sandbox", "--remote-debugging-port=0",
-         f"--user-data-dir={profile}", "--no-first-run", "--no-default-browser-check",
-         "--disable-gpu", "--disable-extensions", "--disable-background-networking",
-         "--disable-sync", "--disable-component-update", "--mute-audio",
-         "--ignore-certificate-errors", "about:blank"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-    )
     try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(FileNotFoundError):
-                text = port_file.read_text()
-                if text.count("\n") >= 1 and len(text.splitlines()) >= 2:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                stderr.flush()
-                pytest.fail("chromium did not write DevToolsActivePort: "
-                            + (home / "stderr.log").read_text()[-2000:])
-            time.sleep(0.05)
-        yield HostChromium(parse_active_port(text).ws_url(), proc)
+        host = start_host_chromium(home, "--ignore-certificate-errors")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield host
     finally:
-        # Chromium's helpers (zygote, renderers, GPU) share the group we started it in.
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        stderr.close()
+        stop_host_chromium(host)
 
 
 @pytest.fixture
@@ -363,19 +296,10 @@ async def test_bad_input_is_refused_and_the_page_untouched(driver: ChromiumDrive
 async def test_a_browser_that_exits_fails_pending_commands(site: str,
                                                           tmp_path: Path) -> None:
     """A second, private Chromium is killed under a pending command."""
-    profile = tmp_path / "profile"
-    proc = subprocess.Popen(
-        [CHROMIUM, "--headless=new", "--no-sandbox", "--remote-debugging-port=0",
-         f"--user-data-dir={profile}", "--no-first-run", "--disable-gpu", "about:blank"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    host = await trio.to_thread.run_sync(start_host_chromium, tmp_path)
+    proc = host.proc
     try:
-        with trio.fail_after(60):
-            while not (profile / "DevToolsActivePort").exists() or \
-                    len((profile / "DevToolsActivePort").read_text().splitlines()) < 2:
-                await trio.sleep(0.05)
-        url = parse_active_port((profile / "DevToolsActivePort").read_text()).ws_url()
+        url = host.ws_url
         async with open_cdp(url) as conn:
             errors: list[str] = []
 
@@ -396,9 +320,7 @@ async def test_a_browser_that_exits_fails_pending_commands(site: str,
             with pytest.raises(CDPClosed):
                 await conn.send("Browser.getVersion")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        await trio.to_thread.run_sync(stop_host_chromium, host)
 
 
 @pytest.mark.timeout(90)

@@ -32,7 +32,7 @@ from netgate.broker import SecretStore
 from netgate.gateway import open_gateway
 from netgate.netns import run_in_netns
 from netgate.policy import Policy
-from netgate.proxy import AuditEvent
+from netgate.proxy import AuditEvent, Limits
 from netgate.testing import FOREIGN_DNS, FakeInternet, GuestNs, leftovers, nft_tables
 
 #: Unique per run, so another run's namespaces on the same host never look like ours.
@@ -353,6 +353,44 @@ def _guest_tap(ns: GuestNs, mac: str) -> int:
 
 
 needs_tun = pytest.mark.skipif(not os.path.exists("/dev/net/tun"), reason="no /dev/net/tun")
+
+
+#: A guest program that opens a connection to the gateway's port 80, sends ``argv[1]``
+#: (maybe nothing), and prints what came back before the close.
+_IDLE_CLIENT = """
+import socket, sys
+s = socket.create_connection(("10.213.0.1", 80), timeout=10)
+if sys.argv[1]:
+    s.sendall(sys.argv[1].encode())
+got = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    got += chunk
+print(repr(got))
+"""
+
+
+@pytest.mark.timeout(60)
+async def test_an_idle_connection_is_closed_without_an_answer(world: FakeInternet, guest: GuestNs) -> None:
+    """A browser preconnects sockets and sends its request later: a refusal parked on a socket
+    that asked nothing would be read as the answer to that request. So a connection that sent
+    nothing within the sniff timeout is closed silently; one that sent part of a request is
+    answered with the 403."""
+    events: list[AuditEvent] = []
+    limits = Limits(sniff_timeout=1.0)
+    async with open_gateway("rig_idle", Policy(("allowed.test",)), audit=events.append,
+                            resolver_address=world.resolver, upstream_netns=world.netns, prefix=PREFIX,
+                            limits=limits) as gw:
+        await gw.attach_veth(guest.netns)
+        for sent, expect in (("", "b''"), ("GET / HTTP/1.1\r\n", "403 Forbidden")):
+            r = await trio.to_thread.run_sync(
+                lambda sent=sent: guest.run(sys.executable, "-c", _IDLE_CLIENT, sent, timeout=20))
+            assert r.returncode == 0 and expect in r.stdout, (sent, r)
+    reasons = [e.reason for e in events if e.kind == "http" and e.phase == "decision"]
+    assert any(r.startswith("idle: nothing sent") for r in reasons), reasons
+    assert "no server name within the sniff timeout" in reasons
 
 
 @needs_tun
