@@ -72,6 +72,8 @@ POLL_S = 0.5
 #: Where dropped files land for engines without a drop event (issue 12; Chromium gets a
 #: real drop event later). In the guest: the rig's own /tmp, not the host's.
 BROWSER_DROPS = DropTarget(dir="/tmp/cc-drops", owner=BROWSER_USER, told="none")  # noqa: S108
+#: Chromium's: the same directory, and the page gets a real drop of the files (Input.dispatchDragEvent).
+CHROMIUM_DROPS = DropTarget(dir="/tmp/cc-drops", owner=BROWSER_USER, told="drop-event")  # noqa: S108
 
 START_PAGE = ('<!doctype html><html lang="en"><meta charset="utf-8"><title>rigd browser</title>'
               '<body><h1>rigd browser rig</h1><p>This page is a local document inside the rig.</p>'
@@ -177,6 +179,8 @@ def engine_watch_script() -> str:
     ])
 
 
+#: CDP's drag operation mask for "copy" (a drop from outside the page).
+DRAG_COPY = 1
 #: JPEG quality of the live view's screencast frames (as the desktop's live view).
 CAST_QUALITY = 70
 #: How long a live still waits for a new screencast's first frame before taking a screenshot.
@@ -193,7 +197,7 @@ class BrowserDriver:
     machine: QemuMachine
     engine: Engine
     sandbox: bool = True
-    drop_target: DropTarget = BROWSER_DROPS
+    drop_target: DropTarget = CHROMIUM_DROPS
     viewport: Display = BOOT_VIEWPORT
     #: What DevTools said once it answered.
     version: DevToolsVersion | None = None
@@ -372,6 +376,20 @@ class BrowserDriver:
                 self._pointer = after
                 page.pointer = (after.x, after.y)
                 page.button_down = bool(after.buttons & 1)
+
+    async def drop_event(self, paths: list[str], point: tuple[int, int] | None) -> None:
+        """Drop files already in the guest onto the page at ``point`` (the pointer when None):
+        drag enter, over and drop, as a person's drag from the desktop would."""
+        page = self.page_driver()
+        x, y = point if point is not None else page.pointer
+        data = {"items": [], "files": list(paths), "dragOperationsMask": DRAG_COPY}
+        try:
+            for kind in ("dragEnter", "dragOver", "drop"):
+                await page.page.send("Input.dispatchDragEvent",
+                                     {"type": kind, "x": x, "y": y, "data": data, "modifiers": 0})
+        except CDPError as exc:
+            raise BackendError(f"the drop event: {exc}") from exc
+        page.pointer = (x, y)
 
     # -- the live view (rigd.frames.LiveScreen): Chromium's screencast --
 

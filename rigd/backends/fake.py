@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
-from rigd.backends.lanes import MAX_FILE_BYTES, Clip, DropTarget, SavedFile
+from rigd.backends.lanes import MAX_FILE_BYTES, Clip, DropEvent, DropTarget, SavedFile
 from rigd.backends.recipe import TERMINAL_DROPS
 from rigd.errors import BackendError, FieldError
 from rigd.frames import Changes, Lane, Still
@@ -239,6 +239,7 @@ class FakeLanes:
         self.target = target
         self.screen = screen
         self.features = features
+        self.drop_event: DropEvent | None = None
         self.files: dict[str, bytes] = {}
         self.selections: dict[str, Clip] = {}
         self.home = "/home/rig" if screen else "/root"

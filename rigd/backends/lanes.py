@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 import trio
 
@@ -63,8 +63,20 @@ class DropTarget:
     dir: str
     #: The guest user the files belong to.
     owner: str
-    #: "clipboard" (a desktop gets the files' URIs on CLIPBOARD) or "none".
+    #: "clipboard" (a desktop gets the files' URIs on CLIPBOARD), "drop-event" (the page
+    #: gets a real drop of the files at the drop point: Chromium) or "none".
     told: str
+
+
+#: Tells the guest's page about committed drop files: (guest paths, drop point or None).
+DropEvent = Callable[[list[str], "tuple[int, int] | None"], Awaitable[None]]
+
+
+@runtime_checkable
+class DropReceiver(Protocol):
+    """A driver whose surface takes dropped files as an event (a browser page)."""
+
+    async def drop_event(self, paths: list[str], point: tuple[int, int] | None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +136,8 @@ class Lanes(Protocol):
     """A machine's clipboard and file lanes."""
 
     target: DropTarget
+    #: How a ``told == "drop-event"`` target is told (None: it cannot be).
+    drop_event: DropEvent | None
 
     def missing(self, lane: str) -> str | None:
         """Why the machine cannot serve ``lane`` ("files" or "clipboard"); None if it can."""
@@ -298,13 +312,15 @@ class GuestLanes:
     def __init__(self, channel: Callable[[], GuestConnection], features: Callable[[], frozenset[str]],
                  target: DropTarget, *, grace: float, screen: bool,
                  no_clipboard: str = "a terminal rig has no clipboard (it has no X session); "
-                                     "use the file lane") -> None:
+                                     "use the file lane",
+                 drop_event: DropEvent | None = None) -> None:
         self._channel = channel
         self._features = features
         self.target = target
         self._timeout = grace + 30
         self._screen = screen
         self._no_clipboard = no_clipboard
+        self.drop_event = drop_event
 
     def missing(self, lane: str) -> str | None:
         """Why this machine cannot serve ``lane`` ("files", "clipboard"), or None."""
@@ -484,7 +500,7 @@ async def write_selection(guest: GuestConnection, selection: str, clip: Clip, ti
 
 __all__ = [
     "CLIP_TYPES", "MAX_CLIP_IMAGE", "MAX_DROP_BYTES", "MAX_DROP_FILES", "MAX_FILE_BYTES", "SELECTIONS",
-    "Clip", "Drop", "DropSession", "DropTarget", "FileOut", "FileSink", "GuestLanes", "Lanes",
-    "SavedFile", "Sink", "Source", "check_name",
+    "Clip", "Drop", "DropEvent", "DropReceiver", "DropSession", "DropTarget", "FileOut", "FileSink",
+    "GuestLanes", "Lanes", "SavedFile", "Sink", "Source", "check_name",
     "write_selection",
 ]

@@ -44,7 +44,7 @@ from rigd.backends.confine import Identity, give
 from rigd.backends.evidence import evidence_dir, write_evidence
 from rigd.backends.gates import USER_SANDBOX, NetGate, NetworkConfig
 from rigd.backends.guest_client import GuestConnection, iterate
-from rigd.backends.lanes import GuestLanes
+from rigd.backends.lanes import DropReceiver, GuestLanes
 from rigd.backends.microvm_argv import SANDBOX
 from rigd.backends.procs import proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
@@ -545,9 +545,11 @@ class QemuMachine:
         feats = self.hello.get("features")
         features = frozenset(f for f in feats if isinstance(f, str)) if isinstance(feats, list) \
             else frozenset[str]()
+        receiver = self.driver if isinstance(self.driver, DropReceiver) else None
         return GuestLanes(self.channel, lambda: features, self.driver.drop_target,
                           grace=self.grace, screen=self.recipe.surface is Surface.COMPUTER,
-                          no_clipboard=NO_CLIPBOARD.get(self.recipe.surface, NO_CLIPBOARD[Surface.TERMINAL]))
+                          no_clipboard=NO_CLIPBOARD.get(self.recipe.surface, NO_CLIPBOARD[Surface.TERMINAL]),
+                          drop_event=receiver.drop_event if receiver is not None else None)
 
     def channel(self) -> GuestConnection:
         """The agent channel of a running machine (a BackendError otherwise)."""

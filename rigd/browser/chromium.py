@@ -360,6 +360,9 @@ _RESOLVE = """(engine, body) => {
 STALE_NODE = "Could not find node with given id"
 #: How many times a lookup starts over when a navigation replaced the document under it.
 STALE_RETRIES = 5
+#: What Chromium answers while a navigation swaps the page's renderer, and how long to wait it out.
+DETACHED = "Not attached to an active page"
+SWAP_WAIT_S = 5.0
 
 
 class ChromiumDriver:
@@ -433,6 +436,16 @@ class ChromiumDriver:
         return await handler(action)
 
     async def _history(self) -> History:
+        # A navigation that swaps the page's renderer (an error page, a cross-site load) leaves
+        # the target briefly without one: wait for it to be attached again, within a bound.
+        with trio.move_on_after(SWAP_WAIT_S):
+            while True:
+                try:
+                    return await self.page.call("Page.getNavigationHistory", None, parse_history)
+                except CDPCommandFailed as exc:
+                    if DETACHED not in exc.cdp_message:
+                        raise
+                await trio.sleep(0.05)
         return await self.page.call("Page.getNavigationHistory", None, parse_history)
 
     async def _world(self) -> int:
@@ -549,16 +562,20 @@ class ChromiumDriver:
             raise FieldError("action.selector", "matches no element on the page")
         return node
 
+    async def _document_root(self) -> int:
+        """The current document's root node id. Node ids exist only for a document the client
+        has asked for (DOM.requestNode answers 0 otherwise), and a new document starts over:
+        every lookup asks."""
+        return await self.page.call("DOM.getDocument", {"depth": 0},
+                                    lambda f: f.obj("root").integer("nodeId", 1, 2**31))
+
     async def _find(self, selector: str) -> int:
         """The node id of the first element ``selector`` matches, 0 for none; a field error
         when the selector is invalid."""
         engine, body = selector_engine(selector)
         if engine == "css":
             for _attempt in range(STALE_RETRIES):
-                # Node ids exist only for a document the client has asked for (DOM.requestNode
-                # answers 0 otherwise), and a new document starts over: ask every time.
-                root = await self.page.call("DOM.getDocument", {"depth": 0},
-                                            lambda f: f.obj("root").integer("nodeId", 1, 2**31))
+                root = await self._document_root()
                 try:
                     return await self.page.call("DOM.querySelector", {"nodeId": root, "selector": body},
                                                 lambda f: f.integer("nodeId", 0, 2**31))
@@ -568,6 +585,7 @@ class ChromiumDriver:
                     # A navigation replaced the document between the two calls: ask again.
             raise PageError(f"the page's document kept changing while {selector[:80]!r} was looked up")
         else:
+            await self._document_root()
             object_id = await self._resolve(engine, body)
             node = 0 if object_id is None else await self.page.call(
                 "DOM.requestNode", {"objectId": object_id}, lambda f: f.integer("nodeId", 0, 2**31))

@@ -357,6 +357,9 @@ async def drop_files(ctx: ServerContext, caller: Caller, rig_id: str, headers: H
                 uris = "".join(f"file://{urllib.parse.quote(s.path)}\r\n" for s in saved)
                 await lanes.clipboard_set("clipboard", Clip("text/uri-list", uris.encode()))
                 told = "clipboard"
+            elif lanes.target.told == "drop-event" and lanes.drop_event is not None:
+                await lanes.drop_event([s.path for s in saved], point)
+                told = "drop-event"
             outcome = "ok"
         except RigdError as exc:
             error = exc.message[:300]

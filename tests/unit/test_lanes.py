@@ -15,7 +15,7 @@ import trio
 
 from rigd.auth import Signer
 from rigd.backends.fake import FakeBackend, FakeLanes
-from rigd.backends.lanes import Clip
+from rigd.backends.lanes import Clip, DropTarget
 from rigd.model import Accel, Surface
 from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
@@ -165,6 +165,28 @@ async def test_a_desktop_drop_puts_the_files_uris_on_the_clipboard(world: World)
     clip = lanes.selections["clipboard"]
     assert clip.media_type == "text/uri-list"
     assert clip.data == b"file:///home/rig/Drops/r%C3%A9sum%C3%A9%202.pdf\r\n"
+
+
+async def test_a_page_that_takes_drop_events_gets_the_saved_files_at_the_point(world: World) -> None:
+    rig_id, lanes = await world.open("computer")
+    # A browser rig's lanes: files land in /tmp/cc-drops and the page is told by a drop event.
+    lanes.target = DropTarget(dir="/tmp/cc-drops", owner="browser", told="drop-event")
+    dropped: list[tuple[list[str], tuple[int, int] | None]] = []
+
+    async def drop_event(paths: list[str], point: tuple[int, int] | None) -> None:
+        dropped.append((paths, point))
+
+    lanes.drop_event = drop_event
+    body = multipart([("a.txt", b"one"), ("b.txt", b"two")])
+    status, _h, out = await world.http("POST", f"/rig/files/{rig_id}", query="x=30&y=40", headers=MP,
+                                       body=[body])
+    assert status == 200, out
+    assert json.loads(out)["told"] == "drop-event"
+    assert dropped == [(["/tmp/cc-drops/a.txt", "/tmp/cc-drops/b.txt"], (30, 40))]
+    assert "clipboard" not in lanes.selections
+    row = next(r for r in await world.api.call("rig.log", world.admin, {"rigId": rig_id})
+               if r["verb"] == "drop_files")
+    assert row["args"]["told"] == "drop-event"
 
 
 @pytest.mark.parametrize(("name", "reason"), [
