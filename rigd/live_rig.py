@@ -78,6 +78,11 @@ class LiveRig:
     last_console: Callable[[int], str] | None = None
 
     @property
+    def profile(self) -> str | None:
+        """The browser profile the rig was opened with (None: a clean start)."""
+        return self.params.profile if self.params is not None else None
+
+    @property
     def phase(self) -> Phase:
         return Phase(self.row.phase)
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
+from rigd.browser.profiles import parse_profile_name
 from rigd.errors import FieldError
 from rigd.model import (
     BUILT_ENGINES,
@@ -125,11 +126,13 @@ class OpenParams:
     wait: bool
     #: Whether the caller named the backend (else the server's accelerator chooses).
     backend_named: bool = False
+    #: A browser rig's profile (the owner's; rigd.browser.profiles), or None: a clean start.
+    profile: str | None = None
 
 
 OPEN_FIELDS = {
     "workspace", "surface", "conversation", "engine", "backend", "display", "memoryMb",
-    "vcpus", "ttlS", "idleS", "egress", "wait",
+    "vcpus", "ttlS", "idleS", "egress", "wait", "profile",
 }
 
 
@@ -201,7 +204,13 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
         if not isinstance(raw_allow, list) or not all(isinstance(h, str) for h in raw_allow):
             raise FieldError("egress.allow", "must be a list of host names")
         allow = tuple(raw_allow)
+    profile = None
+    if params.get("profile") is not None:
+        if surface is not Surface.BROWSER:
+            raise FieldError("profile", f"only browser rigs take a profile, not {surface}")
+        profile = parse_profile_name(params["profile"])
     return OpenParams(
+        profile=profile,
         workspace=workspace, surface=surface, conversation=conversation, engine=engine,
         backend=backend, display=display, memory_mb=memory_mb, vcpus=vcpus, ttl_s=ttl_s,
         idle_s=idle_s, egress_allow=allow, egress_defaults=defaults,

@@ -52,6 +52,8 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
         "pid": row.pid if row.phase != Phase.CLOSED.value else None,
         "notes": notes,
     }
+    if live is not None and live.profile is not None:
+        out["profile"] = live.profile
     if live is not None and live.info:
         out.update(live.info)
     if live is not None and live.machine is not None:

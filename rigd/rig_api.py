@@ -59,7 +59,8 @@ def conversation_rig(rig: LiveRig, ws_id: str, params: OpenParams) -> bool:
         return r.surface == Surface.TERMINAL.value and r.exec_image
     if params.surface is Surface.BROWSER:
         engine = params.engine.value if params.engine is not None else None
-        return r.surface == Surface.BROWSER.value and r.engine == engine
+        return (r.surface == Surface.BROWSER.value and r.engine == engine
+                and rig.profile == params.profile)
     return False
 
 
@@ -91,6 +92,13 @@ class RigApi:
         if params.surface is Surface.COMPUTER:
             params = self._computer_backend(params)
         db = await self.rigs.stores.workspace(ws_id)
+        if params.profile is not None:
+            # A profile is one browser's at a time (two engines writing one profile lose saves).
+            for rig in self.rigs.live.values():
+                if (rig.profile == params.profile and rig.row.created_by == caller.user.id
+                        and rig.phase in lifecycle.LIVE and not conversation_rig(rig, ws_id, params)):
+                    raise Conflict(f"profile {params.profile!r} is in use by rig {rig.row.id}; close it "
+                                   "first, or open without a profile", field="profile", rigId=rig.row.id)
         if params.conversation is not None and params.surface in (Surface.TERMINAL, Surface.BROWSER):
             # A conversation holds one terminal, and one browser per engine: an open reuses it.
             lock = self.rigs.open_locks.setdefault((ws_id, params.conversation), trio.Lock())

@@ -286,6 +286,7 @@ class RigManager:
                         vcpus=row.vcpus, network=network, accel=ACCEL_OF.get(Backend(row.backend)),
                         display=(row.display_w, row.display_h) if row.display_w and row.display_h else None,
                         engine=row.engine,
+                        profile=(row.created_by, rig.profile) if rig.profile else None,
                     )
                     with trio.CancelScope() as scope:
                         rig.scope = scope

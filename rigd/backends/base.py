@@ -51,6 +51,8 @@ class MachineSpec:
     display: tuple[int, int] | None = None
     #: The browser engine (``rigd.model.Engine`` value) of a browser rig.
     engine: str | None = None
+    #: A browser rig's profile: (owner user id, profile name).
+    profile: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

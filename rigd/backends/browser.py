@@ -40,6 +40,7 @@ from rigd.backends.warm import SnapshotService
 from rigd.browser.cdp import open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
 from rigd.browser.live_input import PointerState, Sleep, plan_cdp
+from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
 from rigd.errors import BackendError, FieldError, RigdError
 from rigd.frames import Changes, Lane, Still
 from rigd.images.browser import BrowserAssets, Engine
@@ -47,6 +48,7 @@ from rigd.model import HUMAN_STILL_MAX, Accel, Backend, Display, Surface
 from rigd.model import Engine as ApiEngine
 from rigd.protocols.cdp import CDPError
 from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_cast_frame, parse_version
+from rigd.verbs import is_observation, parse_action
 
 if TYPE_CHECKING:
     from rigd.backends.qemu import QemuMachine
@@ -137,6 +139,13 @@ def devtools_probe_script(port: int = GUEST_DEVTOOLS_PORT) -> str:
     ])
 
 
+def _navigate(url: str) -> Action:
+    parsed = parse_action("browser_use", {"action": "navigate", "url": url})
+    if isinstance(parsed, RigdError):
+        raise parsed
+    return parsed
+
+
 def relay_script(port_name: str = DEVTOOLS_PORT_NAME) -> str:
     """The shell script (run as root by the agent) that starts the DevTools relays:
     guest loopback :data:`RELAY_PORT` → the engine's :data:`GUEST_DEVTOOLS_PORT`, and
@@ -185,6 +194,9 @@ DRAG_COPY = 1
 CAST_QUALITY = 70
 #: How long a live still waits for a new screencast's first frame before taking a screenshot.
 CAST_FIRST_S = 3.0
+#: How often a profile is saved with no action to prompt it, and how long after an action.
+PROFILE_EVERY_S = 30.0
+PROFILE_SETTLE_S = 2.0
 #: How long one engine watch may wait before it is asked again (the agent's exec deadline).
 WATCH_S = 3600.0
 
@@ -201,8 +213,8 @@ class BrowserDriver:
     viewport: Display = BOOT_VIEWPORT
     #: What DevTools said once it answered.
     version: DevToolsVersion | None = None
-    #: The engine's throwaway profile directory in the guest.
-    profile: str | None = None
+    #: The engine's user-data directory in the guest (throwaway: a profile is kept over CDP).
+    profile_dir: str | None = None
     #: Seconds from the engine's start to DevTools answering.
     devtools_s: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -216,6 +228,15 @@ class BrowserDriver:
     _cast_scope: trio.CancelScope | None = None
     #: Set when the running screencast has delivered its first frame.
     _cast_ready: trio.Event = field(default_factory=trio.Event)
+    #: The owner's profile this rig keeps (rigd.browser.profiles), and where profiles live.
+    profile: ProfileRef | None = None
+    profiles: ProfileStore | None = None
+    #: What the profile holds as last saved (or loaded), and when it should be saved again.
+    _profile_state: ProfileState | None = None
+    _profile_dirty: trio.Event = field(default_factory=trio.Event)
+    #: How many saves this rig made; what could not be restored.
+    profile_saves: int = 0
+    profile_problems: list[str] = field(default_factory=list)
     #: A person's pointer and held keys (live-view input, replayed through CDP).
     _pointer: PointerState = field(default_factory=PointerState)
     _input_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -247,7 +268,7 @@ class BrowserDriver:
                 if code != 0:
                     raise BackendError(f"starting {self.engine.value} failed (exit {code}): "
                                        f"{err.decode(errors='replace')[-500:]}")
-                self.profile = out.decode(errors="replace").strip()[:200]
+                self.profile_dir = out.decode(errors="replace").strip()[:200]
             progress("waiting for DevTools")
             self.version = await self._wait_devtools()
             self.devtools_s = trio.current_time() - t0
@@ -283,6 +304,8 @@ class BrowserDriver:
             async with (open_cdp(url, stream=stream, log=self.machine.log) as conn,
                         open_chromium(conn, viewport=self.viewport) as page):
                 self.chromium = page
+                if self.profile is not None:
+                    await self._restore_profile(page, self.profile)
                 task_status.started()
                 async with trio.open_nursery() as watch:
                     async def ended(what: Awaitable[str]) -> None:
@@ -293,6 +316,8 @@ class BrowserDriver:
                     watch.start_soon(ended, conn.wait_ended())
                     watch.start_soon(ended, conn.wait_ended(page.page.session_id))
                     watch.start_soon(ended, self._engine_exit())
+                    if self.profile is not None:
+                        watch.start_soon(self._keep_profile, page, self.profile)
         except Exception as exc:  # a teardown loses the channels; anything else fails the rig
             if self.machine.shutting_down:
                 return
@@ -304,6 +329,57 @@ class BrowserDriver:
             return
         raise BackendError(f"{self.engine.value}: {reason or 'the DevTools connection ended'}",
                            console=self.machine.console_tail(1024))
+
+    # -- the profile: restored before the first verb, saved after changes and every 30 s --
+
+    def _engine_key(self) -> str:
+        return IMAGE_ENGINE_KEY[self.engine]
+
+    async def _restore_profile(self, page: ChromiumDriver, ref: ProfileRef) -> None:
+        assert self.profiles is not None
+        try:
+            state = await trio.to_thread.run_sync(self.profiles.load, ref, self._engine_key())
+        except RigdError as exc:
+            # A profile that does not open is not replaced by a clean one behind the owner's back:
+            # the rig fails saying so (they may close it and open without a profile).
+            raise BackendError(f"{exc.message}") from exc
+        if state is None:
+            self._profile_state = ProfileState()
+            return
+        self._profile_state = state
+        self.profile_problems = await page.import_profile(state)
+        if state.tabs:
+            try:
+                await page.perform(_navigate(state.tabs[0]))
+            except RigdError as exc:
+                self.profile_problems.append(f"reopening {state.tabs[0][:100]}: {exc.message[:200]}")
+        self.machine.log.info("browser profile restored", extra={
+            "profile": ref.name, "cookies": len(state.cookies), "tabs": len(state.tabs),
+            "origins": len(state.storage), "problems": len(self.profile_problems)})
+
+    async def _keep_profile(self, page: ChromiumDriver, ref: ProfileRef) -> None:
+        """Save the profile soon after anything that may change it, and every
+        :data:`PROFILE_EVERY_S` (pages set cookies on their own); a failed save is logged and
+        tried again, never the rig's failure."""
+        assert self.profiles is not None
+        while True:
+            with trio.move_on_after(PROFILE_EVERY_S):
+                await self._profile_dirty.wait()
+            # Let a burst of actions finish before reading the engine (a rate limit, not a wait).
+            await trio.sleep(PROFILE_SETTLE_S)
+            self._profile_dirty = trio.Event()
+            try:
+                state = await page.export_profile(self._profile_state)
+                await trio.to_thread.run_sync(self.profiles.save, ref, self._engine_key(), state)
+            except (CDPError, RigdError, OSError) as exc:
+                self.machine.log.warning("browser profile not saved", extra={"reason": str(exc)[:200]})
+                continue
+            self._profile_state = state
+            self.profile_saves += 1
+
+    def _profile_changed(self) -> None:
+        if self.profile is not None:
+            self._profile_dirty.set()
 
     async def _engine_exit(self) -> str:
         while True:
@@ -345,6 +421,9 @@ class BrowserDriver:
             return await self.page_driver().perform(action)
         except CDPError as exc:
             raise BackendError(f"{action.verb}: {exc}") from exc
+        finally:
+            if not is_observation(action):
+                self._profile_changed()
 
     async def still(self, *, max_w: int, max_h: int, fmt: str, quality: int,
                     mark_cursor: bool) -> Frame:
@@ -376,6 +455,7 @@ class BrowserDriver:
                 self._pointer = after
                 page.pointer = (after.x, after.y)
                 page.button_down = bool(after.buttons & 1)
+                self._profile_changed()
 
     async def drop_event(self, paths: list[str], point: tuple[int, int] | None) -> None:
         """Drop files already in the guest onto the page at ``point`` (the pointer when None):
@@ -485,6 +565,7 @@ class BrowserRecipe:
     sandbox: bool = True
     surface: Surface = Surface.BROWSER
     backing_format: str = "raw"
+    profiles: ProfileStore | None = None
 
     @property
     def engine(self) -> Engine:
@@ -525,7 +606,10 @@ class BrowserRecipe:
     def driver(self, machine: QemuMachine) -> BrowserDriver:
         shown = machine.spec.display
         viewport = Display(*shown) if shown is not None else BOOT_VIEWPORT
-        return BrowserDriver(machine, self.engine, sandbox=self.sandbox, viewport=viewport)
+        owned = machine.spec.profile
+        return BrowserDriver(machine, self.engine, sandbox=self.sandbox, viewport=viewport,
+                             profile=ProfileRef(*owned) if owned is not None else None,
+                             profiles=self.profiles)
 
 
 #: The image engine (Debian package) of each engine a caller names (``rigd.model.Engine``).
@@ -535,6 +619,9 @@ IMAGE_ENGINE: dict[ApiEngine, Engine] = {
     ApiEngine.WEBKIT: Engine.WEBKIT,
 }
 
+#: The engine's name in profile paths (the API's: chromium, firefox, webkit).
+IMAGE_ENGINE_KEY: dict[Engine, str] = {v: k.value for k, v in IMAGE_ENGINE.items()}
+
 #: Finds (building it when absent) one engine's image and pack: its assets and the
 #: pack's rootfs. Blocking (minutes on a cold cache); called in a worker thread.
 PreparePack = Callable[[Engine, Callable[[str], None]], tuple[BrowserAssets, Path]]
@@ -543,9 +630,11 @@ PreparePack = Callable[[Engine, Callable[[str], None]], tuple[BrowserAssets, Pat
 class BrowserImages:
     """The recipe source of browser rigs: each engine's image and pack, made once (under a lock each)."""
 
-    def __init__(self, config: QemuConfig, prepare: PreparePack) -> None:
+    def __init__(self, config: QemuConfig, prepare: PreparePack,
+                 profiles: ProfileStore | None = None) -> None:
         self.config = config
         self._prepare = prepare
+        self.profiles = profiles
         self._locks: dict[Engine, trio.Lock] = {}
 
     async def recipe(self, spec: MachineSpec, progress: Callable[[str], None]) -> BrowserRecipe:
@@ -555,12 +644,13 @@ class BrowserImages:
             raise FieldError("engine", f"unknown engine {spec.engine!r}") from None
         async with self._locks.setdefault(engine, trio.Lock()):
             assets, backing = await trio.to_thread.run_sync(self._prepare, engine, progress)
-        return BrowserRecipe(self.config, assets, backing)
+        return BrowserRecipe(self.config, assets, backing, profiles=self.profiles)
 
 
 def browser_backend(config: QemuConfig, prepare: PreparePack, *, layout: Layout | None = None,
-                    uids: UidPool | None = None, snapshots: SnapshotService | None = None) -> QemuBackend:
-    return QemuBackend(Backend.SMOLVM, config, BrowserImages(config, prepare),
+                    uids: UidPool | None = None, snapshots: SnapshotService | None = None,
+                    profiles: ProfileStore | None = None) -> QemuBackend:
+    return QemuBackend(Backend.SMOLVM, config, BrowserImages(config, prepare, profiles),
                        layout=layout, uids=uids, snapshots=snapshots)
 
 

@@ -42,6 +42,7 @@ from PIL import Image
 import rigd.verbs.browser as bv
 from rigd.browser.cdp import CDPConnection, CDPSession, Subscription
 from rigd.browser.dom_keys import plan_press
+from rigd.browser.profiles import ProfileState, parse_state
 from rigd.errors import BackendError, Conflict, FieldError
 from rigd.framing import untrusted_bytes
 from rigd.model import AGENT_STILL_MAX, Display
@@ -355,6 +356,14 @@ _RESOLVE = """(engine, body) => {
 
 
 # -- the driver ----------------------------------------------------------------------------------
+
+def _origin_of(url: str) -> str | None:
+    """``scheme://host[:port]`` of an http(s) URL (local storage is kept per origin)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
 
 #: What Chromium answers for a node id of a document a navigation replaced.
 STALE_NODE = "Could not find node with given id"
@@ -851,6 +860,58 @@ class ChromiumDriver:
             out["pageSize"] = page_size
         out["note"] = "; ".join(notes)
         return out
+
+    # -- profiles (rigd.browser.profiles): read and put back over CDP, never as guest files --
+
+    async def export_profile(self, previous: ProfileState | None = None) -> ProfileState:
+        """The engine's cookies and open tabs now, and the driven page's local storage merged
+        over ``previous``'s (origins visited earlier keep what was saved for them)."""
+        cookies = await self.conn.send("Storage.getCookies", timeout=30)
+        targets = await self.conn.send("Target.getTargets", timeout=30)
+        url = (await self._history()).entry.url
+        pages = [t.get("url") for t in targets.get("targetInfos", []) if isinstance(t, dict)
+                 and t.get("type") == "page" and t.get("targetId") != self.target_id]
+        storage = dict(previous.storage) if previous is not None else {}
+        origin = _origin_of(url)
+        if origin is not None:
+            await self.page.send("DOMStorage.enable")
+            got = await self.page.send("DOMStorage.getDOMStorageItems", {
+                "storageId": {"securityOrigin": origin, "isLocalStorage": True}}, timeout=30)
+            entries = got.get("entries")
+            items = {e[0]: e[1] for e in entries if isinstance(e, list) and len(e) == 2} \
+                if isinstance(entries, list) else {}
+            if items:
+                storage[origin] = items
+            else:
+                storage.pop(origin, None)
+        return parse_state({"cookies": cookies.get("cookies"), "tabs": [url, *pages], "storage": storage})
+
+    async def import_profile(self, state: ProfileState) -> list[str]:
+        """Put a saved profile back (cookies, local storage, tabs past the first as background
+        tabs); returns what could not be restored. The caller navigates to ``state.tabs[0]``."""
+        problems: list[str] = []
+        if state.cookies:
+            try:
+                await self.conn.send("Storage.setCookies", {"cookies": state.cookies}, timeout=30)
+            except CDPCommandFailed as exc:
+                problems.append(f"cookies: {exc.cdp_message[:200]}")
+        if state.storage:
+            await self.page.send("DOMStorage.enable")
+        for origin, items in state.storage.items():
+            storage_id = {"securityOrigin": origin, "isLocalStorage": True}
+            for key, value in items.items():
+                try:
+                    await self.page.send("DOMStorage.setDOMStorageItem",
+                                         {"storageId": storage_id, "key": key, "value": value})
+                except CDPCommandFailed as exc:
+                    problems.append(f"local storage of {origin}: {exc.cdp_message[:200]}")
+                    break
+        for url in state.tabs[1:]:
+            try:
+                await self.conn.send("Target.createTarget", {"url": url, "background": True})
+            except CDPCommandFailed as exc:
+                problems.append(f"tab {url[:100]}: {exc.cdp_message[:200]}")
+        return problems
 
     async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
         """A JPEG of the viewport as it is now, scaled down (never up) to fit

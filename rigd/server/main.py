@@ -38,6 +38,7 @@ from rigd.backends.layout import Layout
 from rigd.backends.qemu import QemuConfig
 from rigd.backends.smolvm import prepare_terminals, terminal_backend
 from rigd.backends.warm import SnapshotService
+from rigd.browser.profiles import ProfileStore
 from rigd.errors import RigdError
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.browser import BrowserAssets, build_browser, ensure_browser_pack, find_browser
@@ -381,7 +382,7 @@ async def _serve(
     desktop = desktop_backend(qemu_config, desktop_images(data_dir, config.cache_dir), layout=layout,
                               uids=uids, snapshots=snapshots)
     browser = browser_backend(qemu_config, functools.partial(browser_pack, data_dir, config.cache_dir),
-                              layout=layout, uids=uids, snapshots=snapshots)
+                              layout=layout, uids=uids, snapshots=snapshots, profiles=ProfileStore(data_dir))
     rigs = RigManager(
         stores, {Surface.TERMINAL: backend, Surface.BROWSER: browser, Surface.COMPUTER: desktop},
         accel=accel, accel_problem=problem,

@@ -49,6 +49,7 @@ FORM = """<!doctype html><html><head><meta charset="utf-8"><title>Form</title></
 <script>console.log('form loaded'); document.getElementById('notes').addEventListener('keydown',
   e => { if (e.key === 'Enter') document.title = 'enter pressed'; });
 setTimeout(() => { const d = document.createElement('div'); d.id = 'late'; document.body.appendChild(d); }, 1500);
+document.cookie = 'visits=yes; max-age=86400; path=/'; localStorage.setItem('kept', 'across rigs');
 </script></body></html>"""
 
 SECOND = """<!doctype html><html><head><meta charset="utf-8"><title>Second</title></head>
@@ -68,10 +69,13 @@ DROP = """<!doctype html><html><head><meta charset="utf-8"><title>Drop</title></
     f.text().then(t => { document.title = 'dropped ' + f.name + ' ' + f.size + ' ' + t.trim()
       + ' at ' + event.clientX + ',' + event.clientY; })">drop here</div></body></html>"""
 
+SHOW = """<!doctype html><html><head><meta charset="utf-8"><title>Show</title></head><body><script>
+document.title = document.cookie + '|' + localStorage.getItem('kept');</script></body></html>"""
+
 SITE = "http://pages.test"
 PAGES = Site("pages.test", "192.0.2.60", "pages",
              pages=(("/form.html", FORM), ("/second.html", SECOND), ("/person.html", PERSON),
-                    ("/drop.html", DROP)))
+                    ("/drop.html", DROP), ("/show.html", SHOW)))
 
 
 World = tuple[Server, str, FakeInternet]
@@ -101,7 +105,7 @@ def browser() -> Iterator[World]:
                      "--upstream-netns", world.netns, "--upstream-ca", str(world.ca_pem_path)) as srv:
             t0 = time.monotonic()
             rig = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c1",
-                                        "egress": {"allow": ["pages.test"]}})
+                                        "egress": {"allow": ["pages.test"]}, "profile": "main"})
             print(f"browser rig ready in {time.monotonic() - t0:.1f} s")
             assert rig["phase"] == "ready", rig
             yield srv, rig["id"], world
@@ -115,10 +119,14 @@ def test_a_browser_rig_is_one_engine_reused_by_its_conversation(browser: World) 
     assert (got["surface"], got["engine"], got["backend"]) == ("browser", "chromium", "smolvm")
     assert got["display"] == {"width": 1280, "height": 800} and got["memoryMb"] == 2048
     assert got["image"].startswith("sha256:")
-    # The same conversation and engine: the same rig, not a second machine.
+    # The same conversation, engine and profile: the same rig, not a second machine.
     again = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c1",
-                                  "engine": "chromium"})
-    assert again["id"] == rig
+                                  "engine": "chromium", "profile": "main"})
+    assert again["id"] == rig and again["profile"] == "main"
+    # A profile is one live browser's at a time.
+    err = srv.error("rig.open", {"workspace": "default", "surface": "browser", "conversation": "other",
+                                 "profile": "main"})
+    assert err["data"]["field"] == "profile" and rig in err["message"], err
     # An engine this build does not start is refused naming the field, never replaced by the default.
     for engine, fragment in (("firefox", "not available in this build"), ("edge", "unknown engine")):
         err = srv.error("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c1",
@@ -372,3 +380,25 @@ def test_an_engine_that_exits_fails_the_rig_saying_so(browser: World) -> None:
     # A conversation's next open is a fresh machine, never the dead engine silently restarted.
     err = srv.error("rig.act", {"rigId": rig, "tool": "browser_use", "action": {"action": "screenshot"}})
     assert "failed" in err["message"] or err["data"].get("phase") == "failed", err
+
+
+def test_a_profile_keeps_cookies_storage_and_the_open_tab_across_rigs(browser: World) -> None:
+    srv, rig, _world = browser
+    # The first rig saved its profile as it went; its engine was killed, and nothing is lost.
+    assert srv.call("rig.get", {"rigId": rig})["phase"] == "failed"
+    saved = list((srv.data_dir / "profiles").glob("*/chromium/main.rprof"))
+    assert len(saved) == 1 and saved[0].stat().st_mode & 0o777 == 0o600
+    assert b"visits" not in saved[0].read_bytes() and b"across rigs" not in saved[0].read_bytes()
+    t0 = time.monotonic()
+    second = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c2",
+                                   "egress": {"allow": ["pages.test"]}, "profile": "main"})
+    print(f"second rig (profile restored) ready in {time.monotonic() - t0:.1f} s")
+    try:
+        assert second["phase"] == "ready" and second["id"] != rig and second["profile"] == "main"
+        # The tab the first rig had open is open again.
+        assert act(srv, second["id"], action="extract", kind="dom")["url"] == f"{SITE}/person.html"
+        act(srv, second["id"], action="navigate", url=f"{SITE}/show.html")
+        title = act(srv, second["id"], action="extract", kind="dom")["title"]["text"]
+        assert title == "visits=yes|across rigs", title
+    finally:
+        srv.call("rig.close", {"rigId": second["id"]})

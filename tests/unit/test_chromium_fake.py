@@ -158,3 +158,45 @@ async def test_dialogs_are_dismissed_and_noted(rig: tuple[ChromiumDriver, Browse
     await handled.wait()
     out = await act(driver, action="extract", kind="console")
     assert out["content"]["text"] == "[dialog] alert: hi"
+
+
+@pytest.mark.timeout(10)
+async def test_a_profile_is_read_and_put_back_over_cdp(rig: tuple[ChromiumDriver, Browser]) -> None:
+    from rigd.browser.profiles import ProfileState, parse_state
+
+    driver, browser = rig
+    sent: dict[str, list[dict[str, Any]]] = {}
+    hostile_cookie = {"name": "big", "value": "x" * 10_000, "domain": "site.test"}
+
+    def answer(method: str, result: dict[str, Any]) -> Handler:
+        async def handler(fake: FakeTransport, cmd: dict[str, Any]) -> bool:
+            sent.setdefault(method, []).append(cmd.get("params", {}))
+            await fake.reply(cmd, result)
+            return True
+        return handler
+
+    browser.handlers["Storage.getCookies"] = answer("Storage.getCookies", {"cookies": [
+        {"name": "sid", "value": "v", "domain": "site.test", "path": "/", "session": True}, hostile_cookie]})
+    browser.handlers["DOMStorage.getDOMStorageItems"] = answer(
+        "DOMStorage.getDOMStorageItems", {"entries": [["k", "v"], ["bad"]]})
+    browser.handlers["Target.getTargets"] = answer("Target.getTargets", {"targetInfos": [
+        {"targetId": "T1", "type": "page", "url": "http://site.test/"},
+        {"targetId": "T2", "type": "page", "url": "https://other.test/x"},
+        {"targetId": "T3", "type": "page", "url": "chrome://settings"}]})
+    previous = parse_state({"storage": {"http://old.test": {"a": "b"}}})
+    state = await driver.export_profile(previous)
+    assert state.cookies == [{"name": "sid", "value": "v", "domain": "site.test", "path": "/"}]
+    assert state.tabs == ["http://site.test/", "https://other.test/x"]
+    assert state.storage == {"http://old.test": {"a": "b"}, "http://site.test": {"k": "v"}}
+    assert sent["DOMStorage.getDOMStorageItems"] == [
+        {"storageId": {"securityOrigin": "http://site.test", "isLocalStorage": True}}]
+
+    for method in ("Storage.setCookies", "DOMStorage.setDOMStorageItem", "Target.createTarget"):
+        browser.handlers[method] = answer(method, {})
+    problems = await driver.import_profile(ProfileState(state.cookies, state.tabs, state.storage))
+    assert problems == []
+    assert sent["Storage.setCookies"] == [{"cookies": state.cookies}]
+    assert {(p["storageId"]["securityOrigin"], p["key"]) for p in sent["DOMStorage.setDOMStorageItem"]} == {
+        ("http://old.test", "a"), ("http://site.test", "k")}
+    # The first tab is the caller's to navigate; the rest open in the background.
+    assert sent["Target.createTarget"] == [{"url": "https://other.test/x", "background": True}]
