@@ -123,7 +123,7 @@ def test_pty_over_websocket(server: Server) -> None:
 def test_agent_tools(server: Server) -> None:
     listed = server.call("tools.list")
     names = [t["function"]["name"] for t in listed["tools"]]
-    assert names == ["rig_list", "rig_close", "terminal_use", "computer_use"]
+    assert names == ["rig_list", "rig_close", "terminal_use", "computer_use", "browser_use"]
     assert listed["metadata"]["terminal_use"]["actionClasses"] == ["enclosureControl", "networkEgress", "processSpawn"]
     assert listed["metadata"]["rig_list"]["actionClasses"] == []
     call = {"workspace": "default", "conversation": "conv-1", "name": "terminal_use"}
