@@ -51,7 +51,8 @@ from rigd.verbs.base import DESKTOP_MIN
 
 def conversation_rig(rig: LiveRig, ws_id: str, params: OpenParams) -> bool:
     """Whether ``rig`` is the live rig an open of ``params`` reuses: the conversation's
-    terminal (booting the exec image), or its browser of the same engine."""
+    terminal (booting the exec image), or its browser of the same engine (and profile, when
+    the open names one)."""
     r = rig.row
     if r.workspace_id != ws_id or r.conversation != params.conversation or rig.phase not in lifecycle.LIVE:
         return False
@@ -59,8 +60,10 @@ def conversation_rig(rig: LiveRig, ws_id: str, params: OpenParams) -> bool:
         return r.surface == Surface.TERMINAL.value and r.exec_image
     if params.surface is Surface.BROWSER:
         engine = params.engine.value if params.engine is not None else None
+        # An open that names no profile takes the conversation's browser whatever its profile
+        # (an agent's tools.call knows none); one that names a profile needs that one.
         return (r.surface == Surface.BROWSER.value and r.engine == engine
-                and rig.profile == params.profile)
+                and (params.profile is None or rig.profile == params.profile))
     return False
 
 

@@ -357,6 +357,19 @@ _RESOLVE = """(engine, body) => {
 
 # -- the driver ----------------------------------------------------------------------------------
 
+#: Run before a new document's own scripts: put a saved profile's local storage back for
+#: this origin, once per tab (a marker in session storage), never over a value the page has.
+_RESTORE_STORAGE = """(() => { try {
+  const saved = __SAVED__;
+  const items = saved[location.origin];
+  if (!items || sessionStorage.getItem("__rigd_profile_restored") !== null) return;
+  for (const [k, v] of Object.entries(items)) {
+    if (localStorage.getItem(k) === null) localStorage.setItem(k, v);
+  }
+  sessionStorage.setItem("__rigd_profile_restored", "1");
+} catch (e) {} })();"""
+
+
 def _origin_of(url: str) -> str | None:
     """``scheme://host[:port]`` of an http(s) URL (local storage is kept per origin)."""
     parts = urlsplit(url)
@@ -896,16 +909,14 @@ class ChromiumDriver:
             except CDPCommandFailed as exc:
                 problems.append(f"cookies: {exc.cdp_message[:200]}")
         if state.storage:
-            await self.page.send("DOMStorage.enable")
-        for origin, items in state.storage.items():
-            storage_id = {"securityOrigin": origin, "isLocalStorage": True}
-            for key, value in items.items():
-                try:
-                    await self.page.send("DOMStorage.setDOMStorageItem",
-                                         {"storageId": storage_id, "key": key, "value": value})
-                except CDPCommandFailed as exc:
-                    problems.append(f"local storage of {origin}: {exc.cdp_message[:200]}")
-                    break
+            # Local storage can be set only in a frame of its origin, and must be there before
+            # the page's own scripts read it: a script that runs first in every new document
+            # of this page puts each origin's items back (once per tab, never over a value).
+            source = _RESTORE_STORAGE.replace("__SAVED__", json.dumps(state.storage))
+            try:
+                await self.page.send("Page.addScriptToEvaluateOnNewDocument", {"source": source})
+            except CDPCommandFailed as exc:
+                problems.append(f"local storage: {exc.cdp_message[:200]}")
         for url in state.tabs[1:]:
             try:
                 await self.conn.send("Target.createTarget", {"url": url, "background": True})
