@@ -194,6 +194,9 @@ async def run(args: argparse.Namespace, assets: BrowserAssets, pack: Path, work:
                 await m.perform(act({"action": "navigate", "url": "http://127.0.0.1:8000/anim.html"}))
                 await host.perform(act({"action": "navigate", "url": f"{site}/anim.html"}))
                 rig_fps, rig_n = await live_fps(m, args.seconds)
+                # The live view's screencast stops once its last viewer has gone (its task's end).
+                with trio.fail_after(10):
+                    await m.driver.screencast_stopped()
                 raw_fps, _raw_n = await raw_cast_fps(m.driver.page_driver(), args.seconds)
                 host_fps, host_n = await raw_cast_fps(host, args.seconds)
                 print(f"(3) screencast while a page animates, {args.seconds:g} s each: rig live view "

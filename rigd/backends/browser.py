@@ -226,8 +226,9 @@ class BrowserDriver:
     #: The newest screencast frame (JPEG) and its size, while a screencast runs.
     _cast: tuple[bytes, int, int] | None = None
     _cast_scope: trio.CancelScope | None = None
-    #: Set when the running screencast has delivered its first frame.
+    #: Set when the running screencast has delivered its first frame; when it has stopped.
     _cast_ready: trio.Event = field(default_factory=trio.Event)
+    _cast_stopped: trio.Event = field(default_factory=trio.Event)
     #: The owner's profile this rig keeps (rigd.browser.profiles), and where profiles live.
     profile: ProfileRef | None = None
     profiles: ProfileStore | None = None
@@ -473,6 +474,11 @@ class BrowserDriver:
 
     # -- the live view (rigd.frames.LiveScreen): Chromium's screencast --
 
+    async def screencast_stopped(self) -> None:
+        """Return once no live-view screencast runs (one whose last viewer left has stopped)."""
+        if self._cast_scope is not None:
+            await self._cast_stopped.wait()
+
     def open_changes(self) -> AbstractAsyncContextManager[Changes | None]:
         return self._changes()
 
@@ -484,6 +490,8 @@ class BrowserDriver:
         changes = Changes()
         self._viewers.append(changes)
         try:
+            if self._cast_scope is not None and self._cast_scope.cancel_called:
+                await self._cast_stopped.wait()  # the last viewer just left: let it stop first
             if self._cast_scope is None:
                 await self.machine.start_task(self._screencast)
             yield changes
@@ -501,6 +509,7 @@ class BrowserDriver:
         with trio.CancelScope() as scope:
             self._cast_scope = scope
             self._cast_ready = trio.Event()
+            self._cast_stopped = trio.Event()
             task_status.started()
             try:
                 with page.page.subscribe({"Page.screencastFrame"}, limit=8) as sub:
@@ -521,9 +530,10 @@ class BrowserDriver:
                 self.machine.log.info("screencast ended", extra={"reason": str(exc)[:200]})
             finally:
                 self._cast = None
-                self._cast_scope = None
                 with trio.CancelScope(shield=True), trio.move_on_after(2), contextlib.suppress(CDPError):
                     await page.page.send("Page.stopScreencast")
+                self._cast_scope = None
+                self._cast_stopped.set()
         for viewer in self._viewers:
             viewer.pointer()  # wake them: the next still is a screenshot
 
