@@ -40,6 +40,7 @@ from rigd.protocols.cdp import (
     Fields,
     ProtocolViolation,
     Reply,
+    WireProtocol,
     read,
 )
 
@@ -139,9 +140,10 @@ class CDPConnection:
 
     def __init__(self, transport: Transport, *, log: logging.Logger | None = None,
                  max_in_flight: int = MAX_IN_FLIGHT, default_timeout: float = DEFAULT_TIMEOUT_S,
-                 max_message_chars: int = MAX_MESSAGE_CHARS) -> None:
+                 max_message_chars: int = MAX_MESSAGE_CHARS,
+                 protocol: WireProtocol | None = None) -> None:
         self._transport = transport
-        self._proto = CDPProtocol(max_message_chars=max_message_chars)
+        self._proto = protocol or CDPProtocol(max_message_chars=max_message_chars)
         self._send_lock = trio.Lock()
         self._slots = trio.Semaphore(max_in_flight)
         self._max_in_flight = max_in_flight
@@ -416,12 +418,15 @@ async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
                    max_message_chars: int = MAX_MESSAGE_CHARS, open_timeout: float = 10.0,
                    default_timeout: float = DEFAULT_TIMEOUT_S,
                    max_in_flight: int = MAX_IN_FLIGHT,
-                   stream: trio.abc.Stream | None = None) -> AsyncIterator[CDPConnection]:
+                   stream: trio.abc.Stream | None = None,
+                   protocol: WireProtocol | None = None) -> AsyncIterator[CDPConnection]:
     """Connect to a browser's DevTools WebSocket (``ws://host:port/devtools/browser/<id>``).
 
     With ``stream`` the WebSocket runs over that already-connected byte stream
     (a browser rig's DevTools port into its guest); the URL then only names the
-    ``Host`` header and the path.
+    ``Host`` header and the path. With ``protocol`` (a
+    :class:`rigd.protocols.bidi.BiDiProtocol`) the same connection speaks
+    WebDriver BiDi (Firefox's remote agent at ``/session``).
 
     No proxy from the environment is ever used (the socket is rigd's relay into
     the guest), no compression (a hostile peer's inflated sizes are what the cap
@@ -442,7 +447,8 @@ async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
         # exited in the same cancel-scope context it was entered in.
         stack.push_async_exit(ws_cm)
         conn = CDPConnection(WebSocketTransport(ws), log=log, max_message_chars=max_message_chars,
-                             default_timeout=default_timeout, max_in_flight=max_in_flight)
+                             default_timeout=default_timeout, max_in_flight=max_in_flight,
+                             protocol=protocol)
         body_error: Exception | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(conn.run)

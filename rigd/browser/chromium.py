@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
 import json
 import logging
 import math
@@ -37,54 +36,48 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import trio
-from PIL import Image
 
 import rigd.verbs.browser as bv
 from rigd.browser.cdp import CDPConnection, CDPSession, Subscription
 from rigd.browser.dom_keys import plan_press
+from rigd.browser.page import (
+    AX_MAX_NODES,
+    BOOT_VIEWPORT,
+    CLIPBOARD_MAX_BYTES,
+    CONSOLE_ENTRY_MAX_CHARS,
+    CONSOLE_KEEP,
+    DRAG_STEPS,
+    EXTRACT_MAX_BYTES,
+    FULL_PAGE_MAX_HEIGHT,
+    IMAGE_MAX_BYTES,
+    LOAD_TIMEOUT_S,
+    SCROLL_SETTLE_S,
+    TITLE_MAX_CHARS,
+    TITLE_TIMEOUT_S,
+    WAIT_FOR_POLL_S,
+    WHEEL_NOTCH_PX,
+    WORLD_NAME,
+    PageError,
+    jpeg_size,
+    selector_engine,
+)
+from rigd.browser.page import CLEAR as _CLEAR
+from rigd.browser.page import DOM_SCRIPT as _DOM
+from rigd.browser.page import FILL_PREPARE as _FILL_PREPARE
+from rigd.browser.page import FOCUSED_EDITABLE as _FOCUSED_EDITABLE
+from rigd.browser.page import LAYOUT_WIDTH as _LAYOUT_WIDTH
+from rigd.browser.page import RESOLVE as _RESOLVE
+from rigd.browser.page import RESTORE_STORAGE as _RESTORE_STORAGE
+from rigd.browser.page import origin_of as _origin_of
+from rigd.browser.page import text_json as _text_json
 from rigd.browser.profiles import ProfileState, parse_state
-from rigd.errors import BackendError, Conflict, FieldError
-from rigd.framing import untrusted_bytes
+from rigd.errors import Conflict, FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
 from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection, ScrollDirection
 
-#: RIGS.md §7: a browser rig boots at 1280x800.
-BOOT_VIEWPORT = Display(1280, 800)
-#: How long a page load may take before the verb answers ``loaded: false``.
-LOAD_TIMEOUT_S = 30.0
-#: One CSS pixel notch of the wheel, as Chromium's.
-WHEEL_NOTCH_PX = 100
-#: Extracts are capped at this many UTF-8 bytes of content.
-EXTRACT_MAX_BYTES = 256 * 1024
-#: Console entries kept between two console extracts, and the length of one.
-CONSOLE_KEEP = 1000
-CONSOLE_ENTRY_MAX_CHARS = 2000
-#: The accessibility tree: nodes read at most.
-AX_MAX_NODES = 100_000
-#: A full-page screenshot is at most this many CSS pixels tall (Chromium's own
-#: texture limit is 16384 device pixels).
-FULL_PAGE_MAX_HEIGHT = 16384
-#: The largest image the browser may send back, decoded.
-IMAGE_MAX_BYTES = 24 * 1024 * 1024
-#: Text kept from the page's title, and from a clipboard read.
-TITLE_MAX_CHARS = 1000
-CLIPBOARD_MAX_BYTES = 64 * 1024
-#: How long the document's title may take before the browser's copy is used.
-TITLE_TIMEOUT_S = 2.0
-WAIT_FOR_POLL_S = 0.1
-#: The isolated world rigd's scripts run in.
-WORLD_NAME = "rigd"
-#: How long a wheel scroll may animate before its position is reported.
-SCROLL_SETTLE_S = 2.0
-DRAG_STEPS = 5
-
 log = logging.getLogger("rigd.browser.chromium")
 T = TypeVar("T")
-
-
-class PageError(BackendError):
-    """The page could not do what the verb asked (a failed load, a crashed renderer)."""
 
 
 # -- typed replies -------------------------------------------------------------------------------
@@ -175,15 +168,6 @@ def parse_layout(f: Fields) -> LayoutMetrics:
     return LayoutMetrics(content.number("width", 0, 1e7), content.number("height", 0, 1e7),
                          visual.number("pageX", -1e7, 1e7), visual.number("pageY", -1e7, 1e7),
                          visual.number("clientWidth", 0, 1e5), visual.number("clientHeight", 0, 1e5))
-
-
-def _text_json(text: str, limit: int) -> dict[str, Any]:
-    """Page text as the untrusted RPC shape, cut to ``limit`` UTF-8 bytes on a character boundary."""
-    raw = text.encode("utf-8", "replace")
-    truncated = len(raw) > limit
-    if truncated:
-        raw = raw[:limit].decode("utf-8", "ignore").encode()
-    return untrusted_bytes(raw, truncated=truncated, limit=limit)
 
 
 # -- the accessibility tree ----------------------------------------------------------------------
@@ -295,88 +279,7 @@ def console_line(event: Event) -> str:
 
 # -- scripts run in the page ---------------------------------------------------------------------
 
-_FILL_PREPARE = """function () {
-  const el = this, tag = el.tagName ? el.tagName.toLowerCase() : '';
-  if (el.isContentEditable) {
-    el.focus();
-    const r = document.createRange(); r.selectNodeContents(el);
-    const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
-    return 'ok';
-  }
-  const kinds = ['', 'text', 'search', 'email', 'password', 'tel', 'url', 'number'];
-  if (tag === 'textarea' || (tag === 'input' && kinds.includes(el.type))) {
-    if (el.disabled || el.readOnly) return 'disabled';
-    el.focus();
-    if (el.type === 'number' || el.type === 'email') { el.value = ''; }
-    else { el.select(); }
-    return 'ok';
-  }
-  return 'not fillable: <' + tag + (el.type ? ' type=' + el.type : '') + '>';
-}"""
-_CLEAR = """function () {
-  document.execCommand('delete'); this.dispatchEvent(new Event('input', {bubbles: true})); }"""
-_LAYOUT_WIDTH = "document.documentElement ? document.documentElement.clientWidth : 0"
-_FOCUSED_EDITABLE = """(() => { const a = document.activeElement;
-  return !!a && (a.isContentEditable || a.tagName === 'INPUT' || a.tagName === 'TEXTAREA'); })()"""
-_DOM = """(() => { const s = document.documentElement ? document.documentElement.outerHTML : '';
-  return {length: s.length, html: s.slice(0, %d)}; })()"""
-#: Playwright's selector engines other than CSS, in the page: ``(engine, body) => Element | null``.
-#: ``text=`` is a case-insensitive, whitespace-collapsed substring match (a quoted body is an exact
-#: match) of the deepest element that holds it, as Playwright's; ``xpath=`` the first node in
-#: document order (a text node gives its parent).
-_RESOLVE = """(engine, body) => {
-  const norm = s => s.replace(/\\s+/g, ' ').trim();
-  if (engine === 'css') return document.querySelector(body);
-  if (engine === 'id') return document.getElementById(body);
-  if (engine === 'data-testid') return document.querySelector('[data-testid="' + CSS.escape(body) + '"]');
-  if (engine === 'xpath') {
-    const r = document.evaluate(body, document, null, XPathResult.FIRST_ORDERED_NODE_TYPE, null)
-      .singleNodeValue;
-    return !r ? null : (r.nodeType === 1 ? r : r.parentElement);
-  }
-  let exact = false, want = body;
-  if (want.length >= 2 && (want[0] === '"' || want[0] === "'") && want[want.length - 1] === want[0]) {
-    exact = true; want = want.slice(1, -1);
-  }
-  want = exact ? norm(want) : norm(want).toLowerCase();
-  const skip = new Set(['SCRIPT', 'STYLE', 'HEAD', 'NOSCRIPT', 'TEMPLATE']);
-  const test = el => {
-    if (skip.has(el.tagName)) return false;
-    const t = norm(el.textContent || '');
-    return exact ? t === want : t.toLowerCase().includes(want);
-  };
-  const root = document.body || document.documentElement;
-  if (!root) return null;
-  const walker = document.createTreeWalker(root, NodeFilter.SHOW_ELEMENT);
-  for (let el = walker.currentNode; el; el = walker.nextNode()) {
-    if (test(el) && ![...el.children].some(test)) return el;
-  }
-  return null;
-}"""
-
-
 # -- the driver ----------------------------------------------------------------------------------
-
-#: Run before a new document's own scripts: put a saved profile's local storage back for
-#: this origin, once per tab (a marker in session storage), never over a value the page has.
-_RESTORE_STORAGE = """(() => { try {
-  const saved = __SAVED__;
-  const items = saved[location.origin];
-  if (!items || sessionStorage.getItem("__rigd_profile_restored") !== null) return;
-  for (const [k, v] of Object.entries(items)) {
-    if (localStorage.getItem(k) === null) localStorage.setItem(k, v);
-  }
-  sessionStorage.setItem("__rigd_profile_restored", "1");
-} catch (e) {} })();"""
-
-
-def _origin_of(url: str) -> str | None:
-    """``scheme://host[:port]`` of an http(s) URL (local storage is kept per origin)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
-        return None
-    return f"{parts.scheme}://{parts.netloc}".lower()
-
 
 #: What Chromium answers for a node id of a document a navigation replaced.
 STALE_NODE = "Could not find node with given id"
@@ -1037,36 +940,6 @@ class ChromiumDriver:
         return {"selection": "clipboard", "bytes": len(a.text.encode())}
 
 
-_ENGINES = ("css", "xpath", "text", "id", "data-testid")
-_UNSUPPORTED = ("role", "nth", "visible", "internal:text", "internal:role", "internal:label")
-
-
-def selector_engine(selector: str) -> tuple[str, str]:
-    """(engine, body) of a Playwright selector: ``css=``, ``xpath=``, ``text=``, ``id=``,
-    ``data-testid=``, a leading ``//`` (XPath) or quote (exact text), else CSS.
-
-    Chains (``>>``) and the engines the driver does not implement are a field error naming them.
-    """
-    head, sep, body = selector.partition("=")
-    if sep and head in _ENGINES:
-        engine = head
-    elif sep and head in _UNSUPPORTED:
-        raise FieldError("action.selector", f"the {head}= engine is not supported by the Chromium "
-                                            "driver yet; use css=, xpath=, text=, id= or data-testid=")
-    elif selector.startswith(("//", "(//", "..")):
-        engine, body = "xpath", selector
-    elif selector.startswith(('"', "'")):
-        engine, body = "text", selector
-    else:
-        engine, body = "css", selector
-    if ">>" in body and engine in ("css", "text"):
-        raise FieldError("action.selector", "chained selectors (>>) are not supported by the Chromium "
-                                            "driver yet; give one selector")
-    if not body:
-        raise FieldError("action.selector", f"names the {engine} engine but no selector after '='")
-    return engine, body
-
-
 def _document_status(events: list[Event], loader_id: str | None) -> int | None:
     for event in events:
         p = event.params
@@ -1087,13 +960,7 @@ def _image_bytes(f: Fields) -> bytes:
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int]:
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.format != "JPEG":
-                raise CDPProtocolError("Page.captureScreenshot: the image is not a JPEG")
-            return img.size
-    except (OSError, Image.DecompressionBombError) as exc:
-        raise CDPProtocolError("Page.captureScreenshot: the image does not decode") from exc
+    return jpeg_size(data, "Page.captureScreenshot")
 
 
 async def _page_target(conn: CDPConnection) -> str:

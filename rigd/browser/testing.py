@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -114,6 +115,45 @@ def start_host_chromium(home: Path, *extra: str, timeout_s: float = 60) -> HostC
         raise
 
 
+FIREFOX = shutil.which("firefox-esr") or "/usr/bin/firefox-esr"
+_BIDI_LISTENING = re.compile(rb"WebDriver BiDi listening on ws://127\.0\.0\.1:(\d{1,5})")
+
+
+def start_host_firefox(home: Path, timeout_s: float = 60) -> HostChromium:
+    """Start the host's Firefox ESR headless with its remote agent (WebDriver BiDi) on a free
+    loopback port, the rig's preferences in a fresh profile under ``home``; blocking until it
+    listens. ``ws_url`` is its ``/session`` endpoint. Stop it with :func:`stop_host_chromium`."""
+    from rigd.browser.firefox import user_js
+
+    profile = home / "profile"
+    profile.mkdir(parents=True, exist_ok=True)
+    (profile / "user.js").write_text(user_js())
+    log_path = home / "firefox.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [FIREFOX, "--headless", "--no-remote", "--new-instance", "--remote-debugging-port=0",
+         "--profile", str(profile), "about:blank"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MOZ_CRASHREPORTER_DISABLE": "1"},
+    )
+    host = HostChromium("", proc, log)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = _BIDI_LISTENING.search(log_path.read_bytes())
+            if found:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("firefox's remote agent did not listen: "
+                                   + log_path.read_text(errors="replace")[-2000:])
+            time.sleep(0.05)
+        host.ws_url = f"ws://127.0.0.1:{int(found.group(1))}/session"
+        return host
+    except BaseException:
+        stop_host_chromium(host)
+        raise
+
+
 def stop_host_chromium(host: HostChromium) -> None:
     """Kill Chromium's process group (its zygote, renderers and GPU process share it)."""
     proc = host.proc
@@ -130,5 +170,14 @@ def stop_host_chromium(host: HostChromium) -> None:
     host.log.close()
 
 
-__all__ = ["CHROMIUM", "HostChromium", "Respond", "serve_pages", "start_host_chromium", "static_pages",
-           "stop_host_chromium"]
+__all__ = [
+    "CHROMIUM",
+    "FIREFOX",
+    "HostChromium",
+    "Respond",
+    "serve_pages",
+    "start_host_chromium",
+    "start_host_firefox",
+    "static_pages",
+    "stop_host_chromium",
+]

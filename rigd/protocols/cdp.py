@@ -21,7 +21,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 from rigd.errors import BackendError
 
@@ -113,6 +113,16 @@ def _session(msg: dict[str, Any]) -> str | ProtocolViolation | None:
     if not isinstance(sid, str) or not _SESSION_ID.fullmatch(sid):
         return ProtocolViolation("sessionId is not a short token")
     return sid
+
+
+class WireProtocol(Protocol):
+    """What a connection needs of a protocol's envelope: :class:`CDPProtocol`, or
+    :class:`rigd.protocols.bidi.BiDiProtocol` (WebDriver BiDi)."""
+
+    def command(self, method: str, params: dict[str, Any] | None = None,
+                session_id: str | None = None) -> tuple[int, str]: ...
+
+    def parse(self, data: str | bytes) -> CDPMessage: ...
 
 
 class CDPProtocol:
@@ -293,5 +303,5 @@ def parse_active_port(text: str) -> ActivePort:
 __all__ = [
     "MAX_MESSAGE_CHARS", "ActivePort", "CDPClosed", "CDPCommandFailed", "CDPError", "CDPMessage",
     "CDPProtocol", "CDPProtocolError", "CDPTimeout", "ErrorReply", "Event", "Fields",
-    "ProtocolViolation", "Reply", "parse_active_port", "read",
+    "ProtocolViolation", "Reply", "WireProtocol", "parse_active_port", "read",
 ]

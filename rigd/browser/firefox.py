@@ -1,0 +1,949 @@
+"""The Firefox driver: every browser_use verb (RIGS.md §4) over WebDriver BiDi, on one tab.
+
+How this works: :func:`open_firefox` starts a BiDi session on Firefox's
+remote agent (``session.new``, prompts dismissed by the browser itself and
+``beforeunload`` accepted), takes the first top-level browsing context,
+subscribes to the events the verbs need and pins the viewport.
+:meth:`FirefoxDriver.perform` maps each parsed action to BiDi commands:
+
+- rigd's scripts run in a sandbox of the page (``target.sandbox``), so the
+  page's JavaScript cannot reach them, and every one answers JSON text that
+  is parsed here with the message cap (:func:`parse_script_result`);
+- pointer, wheel and key verbs are ``input.performActions`` with the same
+  input sources the live view uses (:mod:`rigd.browser.bidi_input`), so the
+  browser's input state is one: ``type`` and ``fill`` send one key action
+  per grapheme cluster (any Unicode);
+- loads wait for ``browsingContext.load`` of the navigation the command
+  started; a same-document navigation says so; the document's status comes
+  from ``network.responseCompleted`` of that navigation.
+
+Engine limits are said in the results, not worked around: Firefox has no hard
+reload over BiDi (``ignoreCache`` is refused), and its ``a11y`` extract is
+derived from the DOM (BiDi exposes no accessibility tree), labelled so.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+from PIL import Image
+
+import rigd.verbs.browser as bv
+from rigd.browser.bidi_input import (
+    KEYBOARD_ID,
+    MOUSE_ID,
+    WHEEL_ID,
+    Sleep,
+    plan_bidi,
+    press_actions,
+    text_actions,
+)
+from rigd.browser.cdp import CDPConnection, Subscription
+from rigd.browser.live_input import PointerState
+from rigd.browser.page import (
+    BOOT_VIEWPORT,
+    CLEAR,
+    CLIPBOARD_MAX_BYTES,
+    CONSOLE_ENTRY_MAX_CHARS,
+    CONSOLE_KEEP,
+    DOM_SCRIPT,
+    DRAG_STEPS,
+    EXTRACT_MAX_BYTES,
+    FILL_PREPARE,
+    FOCUSED_EDITABLE,
+    FULL_PAGE_MAX_HEIGHT,
+    IMAGE_MAX_BYTES,
+    LOAD_TIMEOUT_S,
+    RESOLVE,
+    RESTORE_STORAGE,
+    SCROLL_SETTLE_S,
+    TITLE_MAX_CHARS,
+    TITLE_TIMEOUT_S,
+    WAIT_FOR_POLL_S,
+    WHEEL_NOTCH_PX,
+    WORLD_NAME,
+    PageError,
+    origin_of,
+    selector_engine,
+    text_json,
+)
+from rigd.browser.profiles import ProfileState, parse_state
+from rigd.errors import Conflict, FieldError
+from rigd.model import AGENT_STILL_MAX, Display
+from rigd.protocols.bidi import error_code
+from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Fields
+from rigd.protocols.input import Step
+from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection, ScrollDirection
+
+log = logging.getLogger("rigd.browser.firefox")
+
+#: The events the driver reads for its whole life (console, prompts, its tab's end, loads).
+SESSION_EVENTS = ("log.entryAdded", "browsingContext.userPromptOpened", "browsingContext.contextDestroyed",
+                  "browsingContext.load", "browsingContext.fragmentNavigated")
+#: Read only for the driven tab (a document's status).
+TAB_EVENTS = ("network.responseCompleted",)
+#: What Firefox is told when a session starts: dialogs never stall a verb.
+CAPABILITIES: dict[str, dict[str, Any]] = {"alwaysMatch": {"acceptInsecureCerts": False,
+                                "unhandledPromptBehavior": {"default": "dismiss", "beforeUnload": "accept"}}}
+#: How long one live-view poll may take to come back (a busy page answers late, not never).
+CAPTURE_TIMEOUT_S = 60.0
+#: The limit Firefox states and rigd passes on.
+NO_HARD_RELOAD = ("Firefox's WebDriver BiDi has no hard reload (it refuses ignoreCache): "
+                  "a normal reload was done, so cached files may have been used")
+A11Y_SOURCE = ("DOM-derived outline (Firefox exposes no accessibility tree over WebDriver BiDi): "
+               "roles and names come from elements and ARIA attributes, not the engine's tree")
+
+
+#: Firefox's preferences for a rig's throwaway profile (``user.js``): nothing phones home or
+#: updates, no first-run pages, and the Clipboard API answers an automation's read without
+#: the paste prompt (a person is not at the guest's screen to click it). The remote agent
+#: adds its own recommended automation preferences on top.
+FIREFOX_PREFS: dict[str, bool | int | str] = {
+    "app.update.auto": False,
+    "app.update.enabled": False,
+    "browser.shell.checkDefaultBrowser": False,
+    "browser.startup.homepage_override.mstone": "ignore",
+    "browser.aboutwelcome.enabled": False,
+    "datareporting.policy.dataSubmissionEnabled": False,
+    "datareporting.healthreport.uploadEnabled": False,
+    "toolkit.telemetry.reportingpolicy.firstRun": False,
+    "toolkit.telemetry.enabled": False,
+    "browser.safebrowsing.malware.enabled": False,
+    "browser.safebrowsing.phishing.enabled": False,
+    "browser.safebrowsing.downloads.enabled": False,
+    "extensions.update.enabled": False,
+    "extensions.getAddons.cache.enabled": False,
+    "network.captive-portal-service.enabled": False,
+    "network.connectivity-service.enabled": False,
+    "network.dns.disablePrefetch": True,
+    "network.prefetch-next": False,
+    "browser.newtabpage.enabled": False,
+    "browser.tabs.warnOnClose": False,
+    "dom.events.testing.asyncClipboard": True,
+}
+
+
+def user_js(prefs: dict[str, bool | int | str] = FIREFOX_PREFS) -> str:
+    """The profile's ``user.js``: one ``user_pref(name, value);`` line per preference."""
+    return "".join(f"user_pref({json.dumps(k)}, {json.dumps(v)});\n" for k, v in prefs.items())
+
+
+class _ScriptError(CDPError):
+    """A script rigd ran in the page threw (the page may have broken the document)."""
+
+
+def parse_script_result(f: Fields) -> Any:
+    """The JSON a rigd script answered (as text), or None for ``undefined``; a throw is an error."""
+    if f.string("type", 16) == "exception":
+        details = f.obj("exceptionDetails")
+        raise _ScriptError(details.string("text", 100_000, default="the script threw")[:300])
+    result = f.obj("result")
+    kind = result.string("type", 32)
+    if kind in ("undefined", "null"):
+        return None
+    if kind != "string":
+        raise CDPProtocolError(f"script.callFunction: a rigd script answered {kind[:20]}, not JSON text")
+    try:
+        return json.loads(result.string("value", IMAGE_MAX_BYTES * 2))
+    except (ValueError, RecursionError) as exc:
+        raise CDPProtocolError("script.callFunction: a rigd script's answer is not JSON") from exc
+
+
+def _local(value: Any) -> dict[str, Any]:
+    """A Python value as a BiDi LocalValue argument."""
+    if value is None:
+        return {"type": "null"}
+    if isinstance(value, bool):
+        return {"type": "boolean", "value": value}
+    if isinstance(value, int | float):
+        return {"type": "number", "value": value}
+    if isinstance(value, str):
+        return {"type": "string", "value": value}
+    raise TypeError(f"no BiDi argument for {type(value).__name__}")
+
+
+def _context_url(f: Fields) -> str:
+    contexts = f.objs("contexts", 1000)
+    if not contexts:
+        raise CDPProtocolError("browsingContext.getTree: no contexts")
+    return contexts[0].string("url", 1 << 20)
+
+
+def _image_bytes(f: Fields) -> bytes:
+    text = f.string("data", IMAGE_MAX_BYTES * 4 // 3 + 4)
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise CDPProtocolError("browsingContext.captureScreenshot: data is not base64") from exc
+
+
+def fit_jpeg(data: bytes, max_w: int, max_h: int, quality: int) -> tuple[bytes, int, int]:
+    """The browser's image as a JPEG no larger than ``max_w`` x ``max_h`` (never scaled up).
+    Blocking (Pillow): call in a worker thread."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format not in ("JPEG", "PNG"):
+                raise CDPProtocolError("browsingContext.captureScreenshot: not a JPEG or PNG")
+            w, h = img.size
+            scale = min(1.0, max_w / w, max_h / h)
+            if scale >= 1.0 and img.format == "JPEG":
+                return data, w, h
+            out = img.convert("RGB")
+            if scale < 1.0:
+                size = (max(1, round(w * scale)), max(1, round(h * scale)))
+                out = out.resize(size, Image.Resampling.LANCZOS)
+            buf = io.BytesIO()
+            out.save(buf, "JPEG", quality=max(1, min(95, quality)))
+            return buf.getvalue(), out.width, out.height
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise CDPProtocolError("browsingContext.captureScreenshot: the image does not decode") from exc
+
+
+def console_entry(params: dict[str, Any]) -> str:
+    """One ``log.entryAdded`` as a bounded line: ``[log] a b``, ``[exception] …``."""
+    kind = params.get("type")
+    text = params.get("text")
+    text = text if isinstance(text, str) else ""
+    if kind == "console":
+        method = params.get("method")
+        line = f"[{method[:20] if isinstance(method, str) else 'log'}] {text}"
+    elif kind == "javascript":
+        line = f"[exception] {text}"
+    else:
+        line = f"[{str(kind)[:20]}] {text}"
+    if len(line) > CONSOLE_ENTRY_MAX_CHARS:
+        line = line[:CONSOLE_ENTRY_MAX_CHARS] + f" [... {len(line) - CONSOLE_ENTRY_MAX_CHARS} characters cut]"
+    return line
+
+
+# -- cookies: the saved profile's shape is CDP's (one format on disk for every engine) -----------
+
+_SAME_SITE_OUT = {"strict": "Strict", "lax": "Lax", "none": "None"}
+_SAME_SITE_IN = {v: k for k, v in _SAME_SITE_OUT.items()}
+
+
+def cookie_to_saved(raw: object) -> dict[str, Any] | None:
+    """A BiDi cookie as a saved (CDP-shaped) one; None for what does not check."""
+    if not isinstance(raw, dict):
+        return None
+    value = raw.get("value")
+    if not (isinstance(value, dict) and value.get("type") == "string"
+            and isinstance(value.get("value"), str)):
+        return None  # base64 (binary) values are not kept
+    out: dict[str, Any] = {"name": raw.get("name"), "value": value["value"], "domain": raw.get("domain"),
+                           "path": raw.get("path", "/"), "httpOnly": raw.get("httpOnly") is True,
+                           "secure": raw.get("secure") is True}
+    same = _SAME_SITE_OUT.get(str(raw.get("sameSite")))
+    # Firefox answers "none" for a cookie set without the attribute; None on an insecure
+    # cookie would be refused when it is put back, so the browser's default is kept instead.
+    if same is not None and (same != "None" or out["secure"]):
+        out["sameSite"] = same
+    expiry = raw.get("expiry")
+    if isinstance(expiry, int) and not isinstance(expiry, bool) and 0 < expiry < 2**40:
+        out["expires"] = float(expiry)
+    return out
+
+
+def cookie_to_bidi(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved cookie as ``storage.setCookie``'s ``cookie``."""
+    out: dict[str, Any] = {"name": saved["name"], "value": {"type": "string", "value": saved["value"]},
+                           "domain": saved["domain"], "path": saved.get("path", "/"),
+                           "httpOnly": bool(saved.get("httpOnly")), "secure": bool(saved.get("secure"))}
+    # Absent: Firefox's setCookie would make it None, which it then refuses on an insecure
+    # cookie; Lax is what a page's own unmarked cookie behaves as for top-level loads.
+    same = saved.get("sameSite")
+    fallback = "none" if out["secure"] else "lax"
+    out["sameSite"] = _SAME_SITE_IN.get(same if isinstance(same, str) else "", fallback)
+    expires = saved.get("expires")
+    if isinstance(expires, int | float) and not isinstance(expires, bool) and expires > 0:
+        out["expiry"] = int(expires)
+    return out
+
+
+# -- scripts (run in rigd's sandbox of the page) -------------------------------------------------
+
+_FIND = f"""(engine, body) => {{
+  let el;
+  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return {{invalid: true}}; }}
+  return {{found: !!el}};
+}}"""
+_POINT = f"""(engine, body) => {{
+  let el;
+  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return {{invalid: true}}; }}
+  if (!el) return {{found: false}};
+  el.scrollIntoView({{block: 'center', inline: 'center', behavior: 'instant'}});
+  for (const r of el.getClientRects()) {{
+    if (r.width * r.height > 0.5) return {{found: true, x: r.left + r.width / 2, y: r.top + r.height / 2}};
+  }}
+  return {{found: true}};
+}}"""
+_FILL = f"""(engine, body, clear) => {{
+  let el;
+  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return 'invalid'; }}
+  if (!el) return 'missing';
+  el.scrollIntoView({{block: 'center', behavior: 'instant'}});
+  const verdict = ({FILL_PREPARE}).call(el);
+  if (verdict === 'ok' && clear) ({CLEAR}).call(el);
+  return verdict;
+}}"""
+_TITLE = f"() => document.title.substring(0, {TITLE_MAX_CHARS})"
+_SCROLL = "() => [window.scrollX, window.scrollY]"
+_PAGE_SIZE = """() => { const d = document.documentElement, b = document.body;
+  return [Math.max(d ? d.scrollWidth : 0, b ? b.scrollWidth : 0, innerWidth),
+          Math.max(d ? d.scrollHeight : 0, b ? b.scrollHeight : 0, innerHeight)]; }"""
+_STORAGE = """() => { const out = {}; try {
+  for (let i = 0; i < localStorage.length && i < 10000; i++) {
+    const k = localStorage.key(i); out[k] = localStorage.getItem(k); } } catch (e) {}
+  return out; }"""
+#: The DOM-derived outline: landmarks, headings, links, buttons, fields, images and text.
+_A11Y = """(limit) => {
+  const roles = {A: 'link', BUTTON: 'button', H1: 'heading', H2: 'heading', H3: 'heading', H4: 'heading',
+    H5: 'heading', H6: 'heading', NAV: 'navigation', MAIN: 'main', HEADER: 'banner', FOOTER: 'contentinfo',
+    ASIDE: 'complementary', FORM: 'form', IMG: 'img', SELECT: 'combobox', TEXTAREA: 'textbox', UL: 'list',
+    OL: 'list', LI: 'listitem', TABLE: 'table', TR: 'row', TD: 'cell', TH: 'columnheader', LABEL: 'label',
+    DIALOG: 'dialog', P: 'paragraph'};
+  const inputRole = t => ({checkbox: 'checkbox', radio: 'radio', button: 'button', submit: 'button',
+    reset: 'button', range: 'slider', search: 'searchbox'})[t] || 'textbox';
+  const skip = new Set(['SCRIPT', 'STYLE', 'NOSCRIPT', 'TEMPLATE', 'HEAD']);
+  const lines = []; let count = 0;
+  const name = el => {
+    const l = el.getAttribute('aria-label'); if (l) return l;
+    const by = el.getAttribute('aria-labelledby');
+    if (by) { const t = by.split(/\\s+/).map(i => document.getElementById(i)).filter(Boolean)
+      .map(e => e.textContent).join(' '); if (t.trim()) return t; }
+    if (el.tagName === 'IMG') return el.getAttribute('alt') || '';
+    if (el.tagName === 'INPUT' || el.tagName === 'TEXTAREA' || el.tagName === 'SELECT') {
+      if (el.labels && el.labels.length) return el.labels[0].textContent;
+      return el.getAttribute('placeholder') || el.getAttribute('title') || '';
+    }
+    return el.textContent || '';
+  };
+  const walk = (el, depth) => {
+    if (count >= limit || skip.has(el.tagName) || el.hidden) return;
+    if (el.getAttribute('aria-hidden') === 'true') return;
+    count++;
+    let role = el.getAttribute('role') || (el.tagName === 'INPUT' ? inputRole(el.type) : roles[el.tagName]);
+    if (role === 'link' && !el.hasAttribute('href')) role = undefined;
+    let next = depth;
+    if (role) {
+      let text = name(el).replace(/\\s+/g, ' ').trim().slice(0, 200);
+      let line = '  '.repeat(Math.min(depth, 64)) + role + (text ? ' ' + JSON.stringify(text) : '');
+      if ((el.tagName === 'INPUT' || el.tagName === 'TEXTAREA') && el.type !== 'password' && el.value)
+        line += ' = ' + JSON.stringify(String(el.value).slice(0, 200));
+      if (el.type === 'checkbox' || el.type === 'radio') line += el.checked ? ' (checked)' : '';
+      lines.push(line); next = depth + 1;
+    } else if (el.children.length === 0) {
+      const t = (el.textContent || '').replace(/\\s+/g, ' ').trim();
+      if (t) lines.push('  '.repeat(Math.min(depth, 64)) + 'text ' + JSON.stringify(t.slice(0, 200)));
+    }
+    for (const c of el.children) walk(c, next);
+  };
+  if (document.body) walk(document.body, 0);
+  return {count, text: lines.join('\\n')};
+}"""
+
+
+class FirefoxDriver:
+    """The browser_use verbs on one tab. Made by :func:`open_firefox`."""
+
+    def __init__(self, conn: CDPConnection, context: str, events: Subscription,
+                 *, viewport: Display = BOOT_VIEWPORT, version: str = "") -> None:
+        self.conn = conn
+        self.context = context
+        self.viewport = viewport
+        self.version = version
+        self.pointer: tuple[int, int] = (0, 0)
+        self.button_down = False
+        self.load_timeout_s = LOAD_TIMEOUT_S
+        self._events = events
+        self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
+        self._console_dropped = 0
+        self._input_lock = trio.Lock()
+        self._gone: str | None = None
+        self._gone_event = trio.Event()
+        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
+            spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
+        }
+
+    # -- setup and the session's events --
+
+    async def _setup(self) -> None:
+        await self.conn.send("session.subscribe", {"events": list(TAB_EVENTS), "contexts": [self.context]})
+        await self._set_viewport(self.viewport)
+
+    async def _set_viewport(self, size: Display) -> None:
+        await self.conn.send("browsingContext.setViewport", {
+            "context": self.context, "viewport": {"width": size.width, "height": size.height},
+            "devicePixelRatio": 1})
+
+    async def read_events(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the console and note dialogs (Firefox dismisses them itself) and the tab's end."""
+        task_status.started()
+        while True:
+            try:
+                event = await self._events.receive()
+            except CDPError:
+                return
+            p = event.params
+            if event.method == "log.entryAdded":
+                source = p.get("source")
+                if not isinstance(source, dict) or source.get("context") in (None, self.context):
+                    self._note_console(console_entry(p))
+            elif event.method == "browsingContext.userPromptOpened" and p.get("context") == self.context:
+                kind, said = str(p.get("type", ""))[:20], str(p.get("message", ""))[:500]
+                self._note_console(f"[dialog] {kind}: {said}")
+            elif event.method == "browsingContext.contextDestroyed" and p.get("context") == self.context:
+                self._gone = "the page's tab was closed or its content process crashed"
+                self._gone_event.set()
+
+    def _note_console(self, line: str) -> None:
+        if len(self._console) == self._console.maxlen:
+            self._console_dropped += 1
+        self._console.append(line)
+
+    async def ended(self) -> str:
+        await self._gone_event.wait()
+        return self._gone or "the page's tab ended"
+
+    # -- plumbing --
+
+    async def _script(self, function: str, *args: Any, timeout: float | None = None,
+                      page_realm: bool = False, activation: bool = False) -> Any:
+        """A function's JSON answer, run in rigd's sandbox of the page (``page_realm``: in the
+        page's own realm, for APIs a sandbox lacks)."""
+        target: dict[str, Any] = {"context": self.context}
+        if not page_realm:
+            target["sandbox"] = WORLD_NAME
+        wrapped = f"async function (...a) {{ return JSON.stringify(await ({function}).apply(this, a)); }}"
+        return await self.conn.call("script.callFunction", {
+            "functionDeclaration": wrapped, "arguments": [_local(a) for a in args], "target": target,
+            "awaitPromise": True, "resultOwnership": "none", "userActivation": activation,
+        }, parse_script_result, timeout=timeout)
+
+    async def _url(self) -> str:
+        return await self.conn.call("browsingContext.getTree", {"root": self.context, "maxDepth": 0},
+                                    _context_url)
+
+    async def _page_json(self) -> dict[str, Any]:
+        url = await self._url()
+        title = ""
+        with contextlib.suppress(CDPError):
+            got = await self._script(_TITLE, timeout=TITLE_TIMEOUT_S)
+            if isinstance(got, str):
+                title = got
+        return {"url": url[:8192], "title": text_json(title[:TITLE_MAX_CHARS], 4096)}
+
+    async def _actions(self, *sources: dict[str, Any]) -> None:
+        await self.conn.send("input.performActions", {"context": self.context, "actions": list(sources)})
+
+    @staticmethod
+    def _mouse(actions: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"type": "pointer", "id": MOUSE_ID, "parameters": {"pointerType": "mouse"}, "actions": actions}
+
+    @staticmethod
+    def _move(point: tuple[int, int]) -> dict[str, Any]:
+        return {"type": "pointerMove", "x": point[0], "y": point[1], "origin": "viewport"}
+
+    async def perform(self, action: Action) -> dict[str, Any]:
+        handler = self.verbs.get(action.verb)
+        if handler is None or not isinstance(action, BrowserAction):
+            raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
+        return await handler(action)
+
+    # -- loads --
+
+    def _navigate_error(self, exc: CDPCommandFailed, url: str, verb: str) -> PageError:
+        host = urlsplit(url).hostname or "the page"
+        said = exc.cdp_message.partition(": ")[2].removeprefix("Error: ")[:200] or exc.cdp_message[:200]
+        hint = (" (names outside the rig's egress allowlist do not resolve)"
+                if "UNKNOWN_HOST" in said else "")
+        return PageError(f"{verb}: {host} did not load: {said}{hint}")
+
+    async def _wait_load(self, sub: Subscription, navigation: str | None, url: str,
+                         timeout: float) -> tuple[bool, bool, int | None]:
+        """(loaded, same_document, status) of ``navigation``: its load event, a fragment
+        navigation to ``url``, or neither within ``timeout``."""
+        status: int | None = None
+        with trio.move_on_after(timeout):
+            while True:
+                event = await sub.receive()
+                p = event.params
+                if p.get("context") != self.context:
+                    continue
+                if event.method == "network.responseCompleted" and p.get("navigation") == navigation:
+                    response = p.get("response")
+                    got = response.get("status") if isinstance(response, dict) else None
+                    if isinstance(got, int) and not isinstance(got, bool) and 0 <= got < 1000:
+                        status = got
+                elif event.method == "browsingContext.load" and p.get("navigation") == navigation:
+                    return True, False, status
+                elif event.method == "browsingContext.fragmentNavigated" and p.get("url") == url:
+                    return True, True, status
+        return False, False, status
+
+    async def _load(self, method: str, params: dict[str, Any], verb: str,
+                    url: str | None) -> tuple[bool, bool, int | None]:
+        with self.conn.subscribe({"browsingContext.load", "browsingContext.fragmentNavigated",
+                                  "network.responseCompleted"}, limit=256) as sub:
+            try:
+                got = await self.conn.call(method, {**params, "context": self.context, "wait": "none"},
+                                           lambda f: (f.string("navigation", 128) if f.has("navigation")
+                                                      else None, f.string("url", 1 << 20)),
+                                           timeout=self.load_timeout_s)
+            except CDPCommandFailed as exc:
+                raise self._navigate_error(exc, url or "", verb) from exc
+            navigation, landed = got
+            return await self._wait_load(sub, navigation, landed, self.load_timeout_s)
+
+    async def _do_navigate(self, a: bv.BrowserNavigate) -> dict[str, Any]:
+        loaded, same, status = await self._load("browsingContext.navigate", {"url": a.url}, "navigate", a.url)
+        out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": status}
+        if same:
+            out["note"] = "a same-document navigation (a fragment or history.pushState): nothing loaded"
+        elif not loaded:
+            out["note"] = (f"the page had not fired load within {self.load_timeout_s:g} s; "
+                           "it may still be loading")
+        return out
+
+    async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
+        loaded, _same, _status = await self._load("browsingContext.reload", {}, "reload", await self._url())
+        out: dict[str, Any] = {**await self._page_json(), "hard": False, "loaded": loaded}
+        if a.hard:
+            out["note"] = NO_HARD_RELOAD
+        return out
+
+    async def _do_stop_loading(self, _a: bv.BrowserStopLoading) -> dict[str, Any]:
+        await self._script("() => { window.stop(); }")
+        return {**await self._page_json(), "stopped": True}
+
+    # -- elements --
+
+    async def _element_point(self, selector: str) -> tuple[int, int]:
+        engine, body = selector_engine(selector)
+        got = await self._script(_POINT, engine, body)
+        if not isinstance(got, dict) or got.get("invalid"):
+            raise FieldError("action.selector", "is not a valid " + ("XPath expression" if engine == "xpath"
+                                                                      else f"{engine} selector"))
+        if not got.get("found"):
+            raise FieldError("action.selector", "matches no element on the page")
+        x, y = got.get("x"), got.get("y")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in (x, y)):
+            raise FieldError("action.selector", "matches an element that is not rendered (it has no box)")
+        assert isinstance(x, int | float) and isinstance(y, int | float)
+        px, py = math.floor(x), math.floor(y)
+        if not (0 <= px < self.viewport.width and 0 <= py < self.viewport.height):
+            raise FieldError("action.selector", f"matches an element whose centre ({px}, {py}) is outside "
+                                                f"the {self.viewport.width}x{self.viewport.height} viewport")
+        return px, py
+
+    # -- pointer --
+
+    def _check_point(self, point: tuple[int, int], field: str) -> None:
+        x, y = point
+        if not (0 <= x < self.viewport.width and 0 <= y < self.viewport.height):
+            raise FieldError(field, f"({x}, {y}) is outside the {self.viewport.width}x"
+                                    f"{self.viewport.height} viewport")
+
+    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
+        async with self._input_lock:
+            if a.selector is not None:
+                point = await self._element_point(a.selector)
+            else:
+                assert a.coordinate is not None
+                point = a.coordinate
+                self._check_point(point, "action.coordinate")
+            await self._actions(self._mouse([self._move(point), {"type": "pointerDown", "button": 0},
+                                             {"type": "pointerUp", "button": 0}]))
+            self.pointer, self.button_down = point, False
+        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
+        if a.selector is not None:
+            out["selector"] = a.selector
+        return out
+
+    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
+        self._check_point(a.coordinate, "action.coordinate")
+        async with self._input_lock:
+            await self._actions(self._mouse([self._move(a.coordinate)]))
+            self.pointer = a.coordinate
+        return {"coordinate": list(a.coordinate)}
+
+    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
+        self._check_point(a.start, "action.start_coordinate")
+        self._check_point(a.end, "action.coordinate")
+        steps: list[dict[str, Any]] = [self._move(a.start), {"type": "pointerDown", "button": 0}]
+        for step in range(1, DRAG_STEPS + 1):
+            steps.append({**self._move((a.start[0] + (a.end[0] - a.start[0]) * step // DRAG_STEPS,
+                                        a.start[1] + (a.end[1] - a.start[1]) * step // DRAG_STEPS)),
+                          "duration": 20})
+        steps.append({"type": "pointerUp", "button": 0})
+        async with self._input_lock:
+            await self._actions(self._mouse(steps))
+            self.pointer, self.button_down = a.end, False
+        return {"from": list(a.start), "to": list(a.end)}
+
+    async def _button(self, down: bool) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._actions(self._mouse([self._move(self.pointer),
+                                             {"type": "pointerDown" if down else "pointerUp", "button": 0}]))
+            self.button_down = down
+        return {"coordinate": list(self.pointer), "button": "left", "down": down}
+
+    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
+        return await self._button(True)
+
+    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
+        return await self._button(False)
+
+    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
+        point = a.coordinate if a.coordinate is not None else self.pointer
+        self._check_point(point, "action.coordinate")
+        px = a.amount * WHEEL_NOTCH_PX
+        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
+                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
+        async with self._input_lock:
+            if point != self.pointer:
+                await self._actions(self._mouse([self._move(point)]))
+                self.pointer = point
+            await self._actions({"type": "wheel", "id": WHEEL_ID, "actions": [
+                {"type": "scroll", "x": point[0], "y": point[1], "deltaX": dx, "deltaY": dy}]})
+        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point)}
+        position = await self._scroll_settled()
+        if position is not None:
+            out["scrollPosition"] = {"x": position[0], "y": position[1]}
+        return out
+
+    async def _scroll_position(self) -> tuple[int, int] | None:
+        got = await self._script(_SCROLL)
+        if isinstance(got, list) and len(got) == 2 and all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in got):
+            return round(got[0]), round(got[1])
+        return None
+
+    async def _scroll_settled(self) -> tuple[int, int] | None:
+        last = await self._scroll_position()
+        with trio.move_on_after(SCROLL_SETTLE_S):
+            while True:
+                await trio.sleep(0.05)
+                now = await self._scroll_position()
+                if now == last:
+                    break
+                last = now
+        return last
+
+    # -- keyboard --
+
+    async def _keys(self, actions: list[dict[str, Any]]) -> None:
+        if actions:
+            await self._actions({"type": "key", "id": KEYBOARD_ID, "actions": actions})
+
+    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
+        actions = text_actions(a.text)
+        focused = await self._script(f"() => {FOCUSED_EDITABLE}") is True
+        async with self._input_lock:
+            await self._keys(actions)
+        out: dict[str, Any] = {"characters": len(a.text), "via": "key actions", "focusedEditable": focused}
+        if not focused:
+            out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
+                           "have gone nowhere; click the field (or use fill) first")
+        return out
+
+    async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
+        engine, body = selector_engine(a.selector)
+        actions = text_actions(a.text)
+        async with self._input_lock:
+            verdict = await self._script(_FILL, engine, body, not a.text)
+            if verdict == "invalid":
+                raise FieldError("action.selector", f"is not a valid {engine} selector")
+            if verdict == "missing":
+                raise FieldError("action.selector", "matches no element on the page")
+            if verdict == "disabled":
+                raise FieldError("action.selector", "matches a field that is disabled or read-only")
+            if verdict != "ok":
+                raise FieldError("action.selector", f"matches an element that is {str(verdict)[:80]}; fill "
+                                                    "takes an input, textarea or contenteditable element")
+            await self._keys(actions)
+        return {"selector": a.selector, "characters": len(a.text)}
+
+    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._keys(press_actions(a.combo))
+        return {"key": str(a.combo)}
+
+    # -- observations --
+
+    async def _do_extract(self, a: bv.BrowserExtract) -> dict[str, Any]:
+        page = await self._page_json()
+        if a.kind is ExtractKind.DOM:
+            got = await self._script(f"() => {DOM_SCRIPT % EXTRACT_MAX_BYTES}", timeout=30)
+            if not (isinstance(got, dict) and isinstance(got.get("html"), str)
+                    and isinstance(got.get("length"), int)):
+                raise CDPProtocolError("extract dom: the page's answer has no html")
+            content = text_json(got["html"], EXTRACT_MAX_BYTES)
+            if got["length"] > len(got["html"]):
+                content["truncated"] = True
+                content["note"] = (f"the document's HTML is {got['length']} characters; only the first "
+                                   f"{EXTRACT_MAX_BYTES} bytes were kept")
+            return {"kind": "dom", **page, "content": content}
+        if a.kind is ExtractKind.A11Y:
+            got = await self._script(_A11Y, 100_000, timeout=30)
+            if not (isinstance(got, dict) and isinstance(got.get("text"), str)):
+                raise CDPProtocolError("extract a11y: the page's answer has no outline")
+            count = got.get("count")
+            return {"kind": "a11y", **page, "source": A11Y_SOURCE,
+                    "nodes": count if isinstance(count, int) else 0,
+                    "content": text_json(got["text"], EXTRACT_MAX_BYTES)}
+        dropped = self._events.dropped + self._console_dropped
+        lines = list(self._console)
+        self._console.clear()
+        self._events.dropped = self._console_dropped = 0
+        out = {"kind": "console", **page, "entries": len(lines),
+               "since": "the previous console extract (or the rig's start)",
+               "content": text_json("\n".join(lines), EXTRACT_MAX_BYTES)}
+        if dropped:
+            out["note"] = f"{dropped} older console entries were dropped (at most {CONSOLE_KEEP} are kept)"
+        return out
+
+    async def _screenshot(self, params: dict[str, Any], max_w: int, max_h: int,
+                          quality: int) -> tuple[bytes, int, int]:
+        data = await self.conn.call("browsingContext.captureScreenshot", {
+            "context": self.context, "format": {"type": "image/jpeg", "quality": quality / 100}, **params,
+        }, _image_bytes, timeout=CAPTURE_TIMEOUT_S)
+        return await trio.to_thread.run_sync(fit_jpeg, data, max_w, max_h, quality)
+
+    async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
+        cap = AGENT_STILL_MAX
+        notes: list[str] = []
+        page_size = None
+        if a.full_page:
+            got = await self._script(_PAGE_SIZE)
+            if not (isinstance(got, list) and len(got) == 2 and all(isinstance(v, int) for v in got)):
+                raise CDPProtocolError("screenshot: the page's size is not two integers")
+            width, height = max(1, got[0]), max(1, got[1])
+            page_size = {"width": width, "height": height}
+            if height > FULL_PAGE_MAX_HEIGHT:
+                notes.append(f"the page is {height} px tall; only the top {FULL_PAGE_MAX_HEIGHT} px "
+                             "were captured")
+                height = FULL_PAGE_MAX_HEIGHT
+            params: dict[str, Any] = {"origin": "document", "clip": {
+                "type": "box", "x": 0, "y": 0, "width": width, "height": height}}
+            data, iw, ih = await self._screenshot(params, cap.width, FULL_PAGE_MAX_HEIGHT, 75)
+            shown_w = width
+        else:
+            data, iw, ih = await self._screenshot({"origin": "viewport"}, cap.width, cap.height, 75)
+            shown_w = self.viewport.width
+        out: dict[str, Any] = {
+            "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
+            "display": self.viewport.to_json(),
+            "imageSize": {"width": iw, "height": ih},
+            "scale": round(shown_w / iw, 6),
+            "fullPage": a.full_page,
+            "source": "bidi",
+        }
+        notes.insert(0, "scale is CSS pixels per image pixel: image point (x, y) is "
+                        + ("page" if a.full_page else "viewport") + " point (x*scale, y*scale)")
+        if page_size is not None:
+            out["pageSize"] = page_size
+        out["note"] = "; ".join(notes)
+        return out
+
+    async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
+        return await self._screenshot({"origin": "viewport"}, max_w, max_h, quality)
+
+    async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
+        size = Display(a.width, a.height)
+        changed = size != self.viewport
+        await self._set_viewport(size)
+        got = await self._script("() => [window.innerWidth, window.innerHeight]")
+        if got != [a.width, a.height]:
+            raise PageError(f"the page reports a {got!r:.40} viewport after set_viewport "
+                            f"{a.width}x{a.height}")
+        self.viewport = size
+        self.pointer = (min(self.pointer[0], a.width - 1), min(self.pointer[1], a.height - 1))
+        return {"display": size.to_json(), "changed": changed}
+
+    async def _do_history(self, a: bv.BrowserHistory) -> dict[str, Any]:
+        back = a.direction is HistoryDirection.BACK
+        before = await self._url()
+        try:
+            await self.conn.send("browsingContext.traverseHistory",
+                                 {"context": self.context, "delta": -1 if back else 1},
+                                 timeout=self.load_timeout_s)
+        except CDPCommandFailed as exc:
+            if error_code(exc.cdp_message) == "no such history entry":
+                raise FieldError("action.direction", f"there is no {'earlier' if back else 'later'} page "
+                                                     "in this tab's history") from exc
+            raise
+        loaded = False
+        with trio.move_on_after(self.load_timeout_s):
+            while True:
+                # A back-forward cache restore fires no load: read the document itself.
+                with contextlib.suppress(CDPError):
+                    if await self._script("() => document.readyState") == "complete" \
+                            and await self._url() != before:
+                        loaded = True
+                        break
+                await trio.sleep(0.05)
+        out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
+        if not loaded:
+            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
+        return out
+
+    async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
+        engine, body = selector_engine(a.selector)
+        start = trio.current_time()
+        found = False
+        with trio.move_on_after(a.timeout_s):
+            while True:
+                with contextlib.suppress(CDPError):
+                    got = await self._script(_FIND, engine, body)
+                    if isinstance(got, dict) and got.get("invalid"):
+                        raise FieldError("action.selector", f"is not a valid {engine} selector")
+                    found = isinstance(got, dict) and got.get("found") is True
+                if found:
+                    break
+                await trio.sleep(WAIT_FOR_POLL_S)
+        out: dict[str, Any] = {"selector": a.selector, "found": found,
+                               "waitedS": round(trio.current_time() - start, 3)}
+        if not found:
+            out["note"] = f"no element matched within {a.timeout_s:g} s"
+        return out
+
+    # -- clipboard --
+
+    async def _secure_origin(self, verb: str) -> None:
+        parts = urlsplit(await self._url())
+        if parts.scheme == "http":
+            raise Conflict(
+                f"{verb}: this page is served over plain http://, which has no Clipboard API (it is not "
+                "a secure context); use type, which inserts at the caret without the clipboard",
+                reason="not a secure context", field="action.action",
+            )
+        if parts.scheme != "https" or await self._script("() => window.isSecureContext",
+                                                         page_realm=True) is not True:
+            raise Conflict(f"{verb}: this page ({parts.scheme}:) is not a secure https:// context, so it has "
+                           "no Clipboard API; use type instead", reason="not a secure context",
+                           field="action.action")
+
+    async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
+        await self._secure_origin("clipboard_read")
+        text = await self._script("() => navigator.clipboard.readText()", page_realm=True, activation=True)
+        if not isinstance(text, str):
+            raise CDPProtocolError("clipboard_read: the page's answer is not text")
+        return {"selection": "clipboard", "content": text_json(text, CLIPBOARD_MAX_BYTES)}
+
+    async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
+        await self._secure_origin("clipboard_write")
+        await self._script("(t) => navigator.clipboard.writeText(t)", a.text,
+                           page_realm=True, activation=True)
+        return {"selection": "clipboard", "bytes": len(a.text.encode())}
+
+    # -- a person's live-view input --
+
+    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
+        size = (self.viewport.width, self.viewport.height)
+        commands, after = plan_bidi(steps, size, state)
+        try:
+            async with self._input_lock:
+                for command in commands:
+                    if isinstance(command, Sleep):
+                        await trio.sleep(command.seconds)
+                    else:
+                        await self._actions(*command)
+        finally:
+            self.pointer = (after.x, after.y)
+            self.button_down = bool(after.buttons & 1)
+        return after
+
+    # -- profiles (rigd.browser.profiles): over BiDi, never as guest files --
+
+    async def export_profile(self, previous: ProfileState | None = None) -> ProfileState:
+        got = await self.conn.send("storage.getCookies", {}, timeout=30)
+        raw = got.get("cookies")
+        cookies = [c for c in (cookie_to_saved(r) for r in (raw if isinstance(raw, list) else [])) if c]
+        tree = await self.conn.send("browsingContext.getTree", {"maxDepth": 0}, timeout=30)
+        listed = tree.get("contexts")
+        url = await self._url()
+        tabs = [c.get("url") for c in (listed if isinstance(listed, list) else [])
+                if isinstance(c, dict) and c.get("context") != self.context]
+        storage = dict(previous.storage) if previous is not None else {}
+        origin = origin_of(url)
+        if origin is not None:
+            items = await self._script(_STORAGE, timeout=30)
+            if isinstance(items, dict) and items:
+                storage[origin] = items
+            else:
+                storage.pop(origin, None)
+        return parse_state({"cookies": cookies, "tabs": [url, *tabs], "storage": storage})
+
+    async def import_profile(self, state: ProfileState) -> list[str]:
+        problems: list[str] = []
+        for cookie in state.cookies:
+            try:
+                await self.conn.send("storage.setCookie", {"cookie": cookie_to_bidi(cookie)}, timeout=30)
+            except (CDPCommandFailed, KeyError) as exc:
+                problems.append(f"cookie {str(cookie.get('name'))[:60]}: {str(exc)[:200]}")
+        if state.storage:
+            source = RESTORE_STORAGE.replace("__SAVED__", json.dumps(state.storage))
+            try:
+                await self.conn.send("script.addPreloadScript", {
+                    "functionDeclaration": f"() => {{ {source} }}", "contexts": [self.context]})
+            except CDPCommandFailed as exc:
+                problems.append(f"local storage: {exc.cdp_message[:200]}")
+        for url in state.tabs[1:]:
+            try:
+                tab = await self.conn.call("browsingContext.create", {"type": "tab", "background": True},
+                                           lambda f: f.string("context", 128))
+                await self.conn.send("browsingContext.navigate", {"context": tab, "url": url, "wait": "none"})
+            except CDPCommandFailed as exc:
+                problems.append(f"tab {url[:100]}: {exc.cdp_message[:200]}")
+        return problems
+
+
+def _first_context(f: Fields) -> str:
+    for c in f.objs("contexts", 1000):
+        return c.string("context", 128)
+    raise CDPProtocolError("browsingContext.getTree: the browser has no tab")
+
+
+@contextlib.asynccontextmanager
+async def open_firefox(conn: CDPConnection, *, viewport: Display = BOOT_VIEWPORT,
+                       insecure_certs: bool = False) -> AsyncIterator[FirefoxDriver]:
+    """A BiDi session and a driver on the browser's first tab, with its event reader running
+    (``insecure_certs``: accept any certificate — the host tests' own CA, never a rig)."""
+    caps = {"alwaysMatch": {**CAPABILITIES["alwaysMatch"], "acceptInsecureCerts": insecure_certs}}
+    version = await conn.call("session.new", {"capabilities": caps},
+                              lambda f: f.obj("capabilities").string("browserVersion", 64, default=""))
+    events = conn.open_subscription(set(SESSION_EVENTS), limit=CONSOLE_KEEP)
+    await conn.send("session.subscribe", {"events": list(SESSION_EVENTS)})
+    context = await conn.call("browsingContext.getTree", {"maxDepth": 0}, _first_context)
+    driver = FirefoxDriver(conn, context, events, viewport=viewport, version=version)
+    await driver._setup()
+    body_error: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.read_events)
+        try:
+            yield driver
+        except Exception as exc:
+            body_error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+            conn.unsubscribe(events)
+    if body_error is not None:
+        raise body_error
+
+
+__all__ = [
+    "FIREFOX_PREFS", "FirefoxDriver", "console_entry", "cookie_to_bidi", "cookie_to_saved", "fit_jpeg",
+    "open_firefox", "parse_script_result", "user_js",
+]

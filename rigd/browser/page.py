@@ -1,0 +1,230 @@
+"""What every engine's page driver shares: limits, errors, the scripts run in the page, selectors.
+
+The browser_use verbs mean the same on every engine (RIGS.md §4); the
+Chromium driver (:mod:`rigd.browser.chromium`, CDP) and the Firefox driver
+(:mod:`rigd.browser.firefox`, WebDriver BiDi) differ only in how they reach
+the page. What is theirs in common lives here: the bounds on what a page may
+send back, :class:`PageError`, the untrusted-text shape, the scripts rigd runs
+in its own isolated world of the page (resolving Playwright selectors,
+preparing a field for ``fill``, putting a profile's local storage back), and
+:func:`selector_engine`. :class:`PageDriver` is what
+:class:`rigd.backends.browser.BrowserDriver` asks of either.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
+
+from PIL import Image
+
+from rigd.errors import BackendError, FieldError
+from rigd.framing import untrusted_bytes
+from rigd.model import Display
+from rigd.protocols.cdp import CDPProtocolError
+
+if TYPE_CHECKING:
+    from rigd.browser.live_input import PointerState
+    from rigd.browser.profiles import ProfileState
+    from rigd.protocols.input import Step
+    from rigd.verbs.base import Action
+
+#: RIGS.md §7: a browser rig boots at 1280x800.
+BOOT_VIEWPORT = Display(1280, 800)
+#: How long a page load may take before the verb answers ``loaded: false``.
+LOAD_TIMEOUT_S = 30.0
+#: One wheel notch in CSS pixels (Chromium's own; Firefox is sent the same).
+WHEEL_NOTCH_PX = 100
+#: Extracts are capped at this many UTF-8 bytes of content.
+EXTRACT_MAX_BYTES = 256 * 1024
+#: Console entries kept between two console extracts, and the length of one.
+CONSOLE_KEEP = 1000
+CONSOLE_ENTRY_MAX_CHARS = 2000
+#: The accessibility tree: nodes read at most.
+AX_MAX_NODES = 100_000
+#: A full-page screenshot is at most this many CSS pixels tall (Chromium's own
+#: texture limit is 16384 device pixels).
+FULL_PAGE_MAX_HEIGHT = 16384
+#: The largest image the browser may send back, decoded.
+IMAGE_MAX_BYTES = 24 * 1024 * 1024
+#: Text kept from the page's title, and from a clipboard read.
+TITLE_MAX_CHARS = 1000
+CLIPBOARD_MAX_BYTES = 64 * 1024
+#: How long the document's title may take before the browser's copy is used.
+TITLE_TIMEOUT_S = 2.0
+WAIT_FOR_POLL_S = 0.1
+#: The isolated world (Chromium) or sandbox (BiDi) rigd's scripts run in.
+WORLD_NAME = "rigd"
+#: How long a wheel scroll may animate before its position is reported.
+SCROLL_SETTLE_S = 2.0
+DRAG_STEPS = 5
+
+
+class PageError(BackendError):
+    """The page could not do what the verb asked (a failed load, a crashed renderer)."""
+
+
+def text_json(text: str, limit: int) -> dict[str, Any]:
+    """Page text as the untrusted RPC shape, cut to ``limit`` UTF-8 bytes on a character boundary."""
+    raw = text.encode("utf-8", "replace")
+    truncated = len(raw) > limit
+    if truncated:
+        raw = raw[:limit].decode("utf-8", "ignore").encode()
+    return untrusted_bytes(raw, truncated=truncated, limit=limit)
+
+
+# -- scripts run in the page (rigd's isolated world) ---------------------------------------------
+
+FILL_PREPARE = """function () {
+  const el = this, tag = el.tagName ? el.tagName.toLowerCase() : '';
+  if (el.isContentEditable) {
+    el.focus();
+    const r = document.createRange(); r.selectNodeContents(el);
+    const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
+    return 'ok';
+  }
+  const kinds = ['', 'text', 'search', 'email', 'password', 'tel', 'url', 'number'];
+  if (tag === 'textarea' || (tag === 'input' && kinds.includes(el.type))) {
+    if (el.disabled || el.readOnly) return 'disabled';
+    el.focus();
+    if (el.type === 'number' || el.type === 'email') { el.value = ''; }
+    else { el.select(); }
+    return 'ok';
+  }
+  return 'not fillable: <' + tag + (el.type ? ' type=' + el.type : '') + '>';
+}"""
+CLEAR = """function () {
+  document.execCommand('delete'); this.dispatchEvent(new Event('input', {bubbles: true})); }"""
+LAYOUT_WIDTH = "document.documentElement ? document.documentElement.clientWidth : 0"
+FOCUSED_EDITABLE = """(() => { const a = document.activeElement;
+  return !!a && (a.isContentEditable || a.tagName === 'INPUT' || a.tagName === 'TEXTAREA'); })()"""
+DOM_SCRIPT = """(() => { const s = document.documentElement ? document.documentElement.outerHTML : '';
+  return {length: s.length, html: s.slice(0, %d)}; })()"""
+#: Playwright's selector engines other than CSS, in the page: ``(engine, body) => Element | null``.
+#: ``text=`` is a case-insensitive, whitespace-collapsed substring match (a quoted body is an exact
+#: match) of the deepest element that holds it, as Playwright's; ``xpath=`` the first node in
+#: document order (a text node gives its parent).
+RESOLVE = """(engine, body) => {
+  const norm = s => s.replace(/\\s+/g, ' ').trim();
+  if (engine === 'css') return document.querySelector(body);
+  if (engine === 'id') return document.getElementById(body);
+  if (engine === 'data-testid') return document.querySelector('[data-testid="' + CSS.escape(body) + '"]');
+  if (engine === 'xpath') {
+    const r = document.evaluate(body, document, null, XPathResult.FIRST_ORDERED_NODE_TYPE, null)
+      .singleNodeValue;
+    return !r ? null : (r.nodeType === 1 ? r : r.parentElement);
+  }
+  let exact = false, want = body;
+  if (want.length >= 2 && (want[0] === '"' || want[0] === "'") && want[want.length - 1] === want[0]) {
+    exact = true; want = want.slice(1, -1);
+  }
+  want = exact ? norm(want) : norm(want).toLowerCase();
+  const skip = new Set(['SCRIPT', 'STYLE', 'HEAD', 'NOSCRIPT', 'TEMPLATE']);
+  const test = el => {
+    if (skip.has(el.tagName)) return false;
+    const t = norm(el.textContent || '');
+    return exact ? t === want : t.toLowerCase().includes(want);
+  };
+  const root = document.body || document.documentElement;
+  if (!root) return null;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_ELEMENT);
+  for (let el = walker.currentNode; el; el = walker.nextNode()) {
+    if (test(el) && ![...el.children].some(test)) return el;
+  }
+  return null;
+}"""
+
+#: Run before a new document's own scripts: put a saved profile's local storage back for
+#: this origin, once per tab (a marker in session storage), never over a value the page has.
+RESTORE_STORAGE = """(() => { try {
+  const saved = __SAVED__;
+  const items = saved[location.origin];
+  if (!items || sessionStorage.getItem("__rigd_profile_restored") !== null) return;
+  for (const [k, v] of Object.entries(items)) {
+    if (localStorage.getItem(k) === null) localStorage.setItem(k, v);
+  }
+  sessionStorage.setItem("__rigd_profile_restored", "1");
+} catch (e) {} })();"""
+
+
+def origin_of(url: str) -> str | None:
+    """``scheme://host[:port]`` of an http(s) URL (local storage is kept per origin)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+_ENGINES = ("css", "xpath", "text", "id", "data-testid")
+_UNSUPPORTED = ("role", "nth", "visible", "internal:text", "internal:role", "internal:label")
+
+
+def selector_engine(selector: str) -> tuple[str, str]:
+    """(engine, body) of a Playwright selector: ``css=``, ``xpath=``, ``text=``, ``id=``,
+    ``data-testid=``, a leading ``//`` (XPath) or quote (exact text), else CSS.
+
+    Chains (``>>``) and the engines the driver does not implement are a field error naming them.
+    """
+    head, sep, body = selector.partition("=")
+    if sep and head in _ENGINES:
+        engine = head
+    elif sep and head in _UNSUPPORTED:
+        raise FieldError("action.selector", f"the {head}= engine is not supported by rigd's "
+                                            "drivers yet; use css=, xpath=, text=, id= or data-testid=")
+    elif selector.startswith(("//", "(//", "..")):
+        engine, body = "xpath", selector
+    elif selector.startswith(('"', "'")):
+        engine, body = "text", selector
+    else:
+        engine, body = "css", selector
+    if ">>" in body and engine in ("css", "text"):
+        raise FieldError("action.selector", "chained selectors (>>) are not supported by rigd's "
+                                            "drivers yet; give one selector")
+    if not body:
+        raise FieldError("action.selector", f"names the {engine} engine but no selector after '='")
+    return engine, body
+
+
+def jpeg_size(data: bytes, where: str) -> tuple[int, int]:
+    """The size of a JPEG a browser sent; anything else is a protocol error naming ``where``."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format != "JPEG":
+                raise CDPProtocolError(f"{where}: the image is not a JPEG")
+            return img.size
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise CDPProtocolError(f"{where}: the image does not decode") from exc
+
+
+class PageDriver(Protocol):
+    """One engine's driver of the rig's page, as :class:`rigd.backends.browser.BrowserDriver` uses it."""
+
+    viewport: Display
+    pointer: tuple[int, int]
+    button_down: bool
+
+    async def perform(self, action: Action) -> dict[str, Any]: ...
+
+    async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
+        """A JPEG of the viewport now, scaled down to fit, and its size."""
+        ...
+
+    async def export_profile(self, previous: ProfileState | None = None) -> ProfileState: ...
+
+    async def import_profile(self, state: ProfileState) -> list[str]: ...
+
+    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
+        """A person's live-view input through the engine's input API; the pointer after it."""
+        ...
+
+    async def ended(self) -> str:
+        """Return (why) once the page is gone: its session ended, its renderer or tab crashed."""
+        ...
+
+
+__all__ = [
+    "BOOT_VIEWPORT", "CONSOLE_KEEP", "EXTRACT_MAX_BYTES", "LOAD_TIMEOUT_S", "PageDriver", "PageError",
+    "jpeg_size", "origin_of", "selector_engine", "text_json",
+]
