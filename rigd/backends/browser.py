@@ -10,10 +10,14 @@ with a throwaway profile in ``/tmp`` (the rig's overlay; gone with the rig),
 then asks DevTools on guest loopback (``curl /json/version``, through exec
 again) until it answers, the engine dies, or the boot deadline passes.
 
-Only Chromium is started so far (``--headless=new``, DevTools on
-127.0.0.1:9223 inside the guest; the host-side relay to 9222 and the CDP
-client are the next steps of issue 12). Warm starts are off for browser
-rigs until a snapshot with a running engine is measured.
+Chromium (``--headless=new``, DevTools on guest loopback 9223) is driven
+over CDP; Firefox ESR (its remote agent on guest loopback 9223, WebDriver
+BiDi at ``/session``) over BiDi, through the same Trio connection
+(:class:`rigd.browser.cdp.CDPConnection` with :class:`rigd.protocols.bidi.BiDiProtocol`).
+Either way one socat relay in the guest (9222 → 9223) and the rig's own
+virtio-serial port are the only path in; the engine's page driver
+(:class:`rigd.browser.page.PageDriver`) does the verbs. Warm starts are off
+for browser rigs until a snapshot with a running engine is measured.
 """
 
 from __future__ import annotations
@@ -37,15 +41,18 @@ from rigd.backends.qemu import QemuConfig, timeouts_for
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
 from rigd.backends.smolvm import rig_argv
 from rigd.backends.warm import SnapshotService
-from rigd.browser.cdp import open_cdp
+from rigd.browser.cdp import CDPConnection, open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
-from rigd.browser.live_input import PointerState, Sleep, plan_cdp
+from rigd.browser.firefox import open_firefox, user_js
+from rigd.browser.live_input import PointerState
+from rigd.browser.page import PageDriver
 from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
 from rigd.errors import BackendError, FieldError, RigdError
 from rigd.frames import Changes, Lane, Still
 from rigd.images.browser import BrowserAssets, Engine
 from rigd.model import HUMAN_STILL_MAX, Accel, Backend, Display, Surface
 from rigd.model import Engine as ApiEngine
+from rigd.protocols.bidi import BiDiProtocol
 from rigd.protocols.cdp import CDPError
 from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_cast_frame, parse_version
 from rigd.verbs import is_observation, parse_action
@@ -126,11 +133,42 @@ def chromium_launch_script(*, port: int = GUEST_DEVTOOLS_PORT, sandbox: bool = T
     ])
 
 
-def devtools_probe_script(port: int = GUEST_DEVTOOLS_PORT) -> str:
-    """Exit 0 with DevTools' ``/json/version`` on stdout; 1 when it does not answer
-    yet; 3 (with the engine's log tail on stderr) when the engine is gone."""
+#: Firefox's remote agent: WebDriver BiDi's WebSocket path.
+BIDI_PATH = "/session"
+
+
+def firefox_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
+    """The shell script (run as root by the agent) that starts Firefox ESR in the background
+    as :data:`BROWSER_USER` with a fresh profile (rigd's ``user.js``), its remote agent on
+    guest loopback ``port`` accepting only the guest-side authority as ``Host``, and prints
+    the profile's directory. As :func:`chromium_launch_script` otherwise."""
+    u = shlex.quote(BROWSER_USER)
     return "\n".join([
-        f"curl -sf --max-time 3 http://127.0.0.1:{port}/json/version && exit 0",
+        "set -eu",
+        "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
+        'mkdir "$p/profile"',
+        f"printf '%s' {shlex.quote(user_js())} >\"$p/profile/user.js\"",
+        f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
+        f'chown -R {u}:{u} "$p"',
+        'chmod 0700 "$p"',
+        f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all \\",
+        '  env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 MOZ_CRASHREPORTER_DISABLE=1 \\',
+        f"  /usr/bin/firefox-esr --headless --no-remote --new-instance --remote-debugging-port={port} \\",
+        '  --remote-allow-hosts 127.0.0.1 --profile "$p/profile" "file://$p/start.html" \\',
+        f"  </dev/null >{LOG_FILE} 2>&1 &",
+        f"echo $! >{PID_FILE}",
+        'printf "%s\\n" "$p"',
+    ])
+
+
+def devtools_probe_script(port: int = GUEST_DEVTOOLS_PORT, *, any_answer: bool = False) -> str:
+    """Exit 0 with DevTools' ``/json/version`` on stdout (``any_answer``: once the port answers
+    HTTP at all — Firefox's remote agent has no ``/json``); 1 when it does not answer
+    yet; 3 (with the engine's log tail on stderr) when the engine is gone."""
+    ask = (f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{port}/" if any_answer
+           else f"curl -sf --max-time 3 http://127.0.0.1:{port}/json/version")
+    return "\n".join([
+        f"{ask} && exit 0",
         f'pid=$(cat {PID_FILE} 2>/dev/null) || pid=""',
         'if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then',
         f"  tail -c 2000 {LOG_FILE} >&2; exit 3",
@@ -163,7 +201,8 @@ def relay_script(port_name: str = DEVTOOLS_PORT_NAME) -> str:
         f"setsid socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork "
         f"TCP:127.0.0.1:{GUEST_DEVTOOLS_PORT} </dev/null >>{RELAY_LOG} 2>&1 &",
         "i=0",
-        f"until curl -sf --max-time 2 -o /dev/null http://127.0.0.1:{RELAY_PORT}/json/version; do",
+        # Any HTTP answer through the relay will do (Firefox's remote agent has no /json).
+        f"until curl -s --max-time 2 -o /dev/null http://127.0.0.1:{RELAY_PORT}/; do",
         f'  i=$((i+1)); [ "$i" -lt 100 ] || {{ echo "the {RELAY_PORT} relay never answered" >&2; exit 3; }}',
         "  sleep 0.1",
         "done",
@@ -192,6 +231,8 @@ def engine_watch_script() -> str:
 DRAG_COPY = 1
 #: JPEG quality of the live view's screencast frames (as the desktop's live view).
 CAST_QUALITY = 70
+#: At most this many live-view frames a second from an engine without a screencast (RIGS.md §7).
+POLL_FPS = 6
 #: How long a live still waits for a new screencast's first frame before taking a screenshot.
 CAST_FIRST_S = 3.0
 #: How often a profile is saved with no action to prompt it, and how long after an action.
@@ -211,15 +252,16 @@ class BrowserDriver:
     sandbox: bool = True
     drop_target: DropTarget = CHROMIUM_DROPS
     viewport: Display = BOOT_VIEWPORT
-    #: What DevTools said once it answered.
+    #: What DevTools said once it answered (Chromium); the engine's name and version (any engine).
     version: DevToolsVersion | None = None
+    browser: str | None = None
     #: The engine's user-data directory in the guest (throwaway: a profile is kept over CDP).
     profile_dir: str | None = None
     #: Seconds from the engine's start to DevTools answering.
     devtools_s: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    #: The page's driver while the DevTools connection is up.
-    chromium: ChromiumDriver | None = None
+    #: The page's driver while the engine's connection is up.
+    page: PageDriver | None = None
 
     #: Live views watching (each gets a damage notice per screencast frame).
     _viewers: list[Changes] = field(default_factory=list)
@@ -245,7 +287,7 @@ class BrowserDriver:
     @property
     def display(self) -> tuple[int, int] | None:
         """The page's viewport (CSS px): what live-view frames show and input addresses."""
-        v = self.chromium.viewport if self.chromium is not None else self.viewport
+        v = self.page.viewport if self.page is not None else self.viewport
         return (v.width, v.height)
 
     @property
@@ -258,14 +300,20 @@ class BrowserDriver:
                                     timeout_s=timeout_s, max_output=max_output)
         return r.exit_code, r.stdout, r.stderr
 
+    @property
+    def firefox(self) -> bool:
+        return self.engine is Engine.FIREFOX_ESR
+
     async def ready(self, progress: Callable[[str], None], *, warm: bool, left_s: float) -> None:
-        if self.engine is not Engine.CHROMIUM:
+        if self.engine not in (Engine.CHROMIUM, Engine.FIREFOX_ESR):
             raise BackendError(f"the {self.engine.value} engine is not started by rigd yet")
         with trio.move_on_after(max(left_s, 1.0)) as scope:
             t0 = trio.current_time()
             if not warm:
                 progress(f"starting {self.engine.value}")
-                code, out, err = await self._sh(chromium_launch_script(sandbox=self.sandbox), 30)
+                launch = (firefox_launch_script() if self.firefox
+                          else chromium_launch_script(sandbox=self.sandbox))
+                code, out, err = await self._sh(launch, 30)
                 if code != 0:
                     raise BackendError(f"starting {self.engine.value} failed (exit {code}): "
                                        f"{err.decode(errors='replace')[-500:]}")
@@ -274,11 +322,12 @@ class BrowserDriver:
             self.version = await self._wait_devtools()
             self.devtools_s = trio.current_time() - t0
             progress("connecting to DevTools")
-            await self.machine.start_task(self._hold, self.version.browser_path)
+            path = BIDI_PATH if self.version is None else self.version.browser_path
+            await self.machine.start_task(self._hold, path)
         if scope.cancelled_caught:
             raise BackendError(f"{self.engine.value} DevTools did not answer within {int(left_s)} s",
                                console=self.machine.console_tail(1024))
-        browser = self.version.browser if self.version else None
+        browser = self.browser
         self.machine.log.info("browser ready", extra={"engine": self.engine.value, "browser": browser,
                                                       "devtools_s": round(self.devtools_s or 0, 2)})
 
@@ -299,12 +348,10 @@ class BrowserDriver:
             await stream.aclose()
             raise BackendError(f"the DevTools relay did not start (exit {code}): "
                                f"{err.decode(errors='replace')[-500:]}")
-        url = f"ws://127.0.0.1:{RELAY_PORT}{path}"
         reason: str | None = None
         try:
-            async with (open_cdp(url, stream=stream, log=self.machine.log) as conn,
-                        open_chromium(conn, viewport=self.viewport) as page):
-                self.chromium = page
+            async with self._connect(stream, path) as (conn, page):
+                self.page = page
                 if self.profile is not None:
                     await self._restore_profile(page, self.profile)
                 task_status.started()
@@ -315,7 +362,7 @@ class BrowserDriver:
                         watch.cancel_scope.cancel()
 
                     watch.start_soon(ended, conn.wait_ended())
-                    watch.start_soon(ended, conn.wait_ended(page.page.session_id))
+                    watch.start_soon(ended, page.ended())
                     watch.start_soon(ended, self._engine_exit())
                     if self.profile is not None:
                         watch.start_soon(self._keep_profile, page, self.profile)
@@ -325,18 +372,36 @@ class BrowserDriver:
             raise BackendError(f"{self.engine.value}: the DevTools connection failed: {exc}"[:1000],
                                console=self.machine.console_tail(1024)) from exc
         finally:
-            self.chromium = None
+            self.page = None
         if self.machine.shutting_down:
             return
         raise BackendError(f"{self.engine.value}: {reason or 'the DevTools connection ended'}",
                            console=self.machine.console_tail(1024))
+
+    @asynccontextmanager
+    async def _connect(self, stream: trio.abc.Stream,
+                       path: str) -> AsyncIterator[tuple[CDPConnection, PageDriver]]:
+        """The engine's connection over the rig's port, and the page's driver on it."""
+        if self.firefox:
+            # BiDi, with the guest-side authority as Host (the remote agent checks it).
+            url = f"ws://127.0.0.1:{GUEST_DEVTOOLS_PORT}{path}"
+            async with (open_cdp(url, stream=stream, log=self.machine.log, protocol=BiDiProtocol()) as conn,
+                        open_firefox(conn, viewport=self.viewport) as firefox):
+                self.browser = f"Firefox/{firefox.version}"
+                yield conn, firefox
+            return
+        url = f"ws://127.0.0.1:{RELAY_PORT}{path}"
+        async with (open_cdp(url, stream=stream, log=self.machine.log) as conn,
+                    open_chromium(conn, viewport=self.viewport) as chromium):
+            self.browser = self.version.browser if self.version is not None else "Chromium"
+            yield conn, chromium
 
     # -- the profile: restored before the first verb, saved after changes and every 30 s --
 
     def _engine_key(self) -> str:
         return IMAGE_ENGINE_KEY[self.engine]
 
-    async def _restore_profile(self, page: ChromiumDriver, ref: ProfileRef) -> None:
+    async def _restore_profile(self, page: PageDriver, ref: ProfileRef) -> None:
         assert self.profiles is not None
         try:
             state = await trio.to_thread.run_sync(self.profiles.load, ref, self._engine_key())
@@ -358,7 +423,7 @@ class BrowserDriver:
             "profile": ref.name, "cookies": len(state.cookies), "tabs": len(state.tabs),
             "origins": len(state.storage), "problems": len(self.profile_problems)})
 
-    async def _keep_profile(self, page: ChromiumDriver, ref: ProfileRef) -> None:
+    async def _keep_profile(self, page: PageDriver, ref: ProfileRef) -> None:
         """Save the profile soon after anything that may change it, and every
         :data:`PROFILE_EVERY_S` (pages set cookies on their own); a failed save is logged and
         tried again, never the rig's failure."""
@@ -389,11 +454,15 @@ class BrowserDriver:
                 tail = err.decode(errors="replace").strip()[-1000:]
                 return "the browser exited" + (f"; its log ends: {tail}" if tail else "")
 
-    async def _wait_devtools(self) -> DevToolsVersion:
-        probe = devtools_probe_script()
+    async def _wait_devtools(self) -> DevToolsVersion | None:
+        """Chromium's ``/json/version`` once DevTools answers; for Firefox, None once its
+        remote agent answers HTTP (its version comes with the BiDi session)."""
+        probe = devtools_probe_script(any_answer=self.firefox)
         while True:
             code, out, err = await self._sh(probe, 10, max_output=MAX_VERSION_BYTES + 1)
             if code == 0:
+                if self.firefox:
+                    return None
                 try:
                     return parse_version(out)
                 except RigdError as exc:
@@ -405,17 +474,21 @@ class BrowserDriver:
             await trio.sleep(POLL_S)
 
     async def version_now(self) -> DevToolsVersion:
-        """Ask DevTools again (a check that the engine still answers)."""
+        """Ask Chromium's DevTools again (a check that the engine still answers)."""
         code, out, err = await self._sh(devtools_probe_script(), 10, max_output=MAX_VERSION_BYTES + 1)
         if code != 0:
             raise BackendError(f"{self.engine.value} DevTools does not answer (exit {code}): "
                                f"{err.decode(errors='replace')[-500:]}")
         return parse_version(out)
 
-    def page_driver(self) -> ChromiumDriver:
-        if self.chromium is None:
+    def page_driver(self) -> PageDriver:
+        if self.page is None:
             raise BackendError(f"{self.engine.value} is not connected (the rig is starting or failing)")
-        return self.chromium
+        return self.page
+
+    @property
+    def _source(self) -> str:
+        return "bidi" if self.firefox else "cdp"
 
     async def perform(self, action: Action) -> dict[str, Any]:
         try:
@@ -436,32 +509,28 @@ class BrowserDriver:
         vw, vh = page.viewport.width, page.viewport.height
         still = Still(data=data, media_type="image/jpeg", display_w=vw, display_h=vh,
                       image_w=iw, image_h=ih, scale=round(vw / iw, 6))
-        return Frame(still, "cdp", page.pointer, False)
+        return Frame(still, self._source, page.pointer, False)
 
     async def send_input(self, steps: Sequence[Step]) -> None:
         """A person's live-view input, replayed through the engine's input API."""
         page = self.page_driver()
         async with self._input_lock:
-            size = self.display or (page.viewport.width, page.viewport.height)
-            commands, after = plan_cdp(steps, size, self._pointer)
             try:
-                for command in commands:
-                    if isinstance(command, Sleep):
-                        await trio.sleep(command.seconds)
-                    else:
-                        await page.page.send(*command)
+                self._pointer = await page.replay(steps, self._pointer)
             except CDPError as exc:
+                # Where the pointer is after a partial replay is the page's last word on it.
+                self._pointer = PointerState(*page.pointer)
                 raise BackendError(f"input: {exc}") from exc
             finally:
-                self._pointer = after
-                page.pointer = (after.x, after.y)
-                page.button_down = bool(after.buttons & 1)
                 self._profile_changed()
 
     async def drop_event(self, paths: list[str], point: tuple[int, int] | None) -> None:
         """Drop files already in the guest onto the page at ``point`` (the pointer when None):
         drag enter, over and drop, as a person's drag from the desktop would."""
         page = self.page_driver()
+        if not isinstance(page, ChromiumDriver):
+            raise BackendError(f"{self.engine.value} takes no drop event; "
+                               f"the files are in {self.drop_target.dir}")
         x, y = point if point is not None else page.pointer
         data = {"items": [], "files": list(paths), "dragOperationsMask": DRAG_COPY}
         try:
@@ -484,7 +553,7 @@ class BrowserDriver:
 
     @asynccontextmanager
     async def _changes(self) -> AsyncIterator[Changes | None]:
-        if self.chromium is None:
+        if self.page is None:
             yield None
             return
         changes = Changes()
@@ -502,9 +571,10 @@ class BrowserDriver:
                 self._cast_scope.cancel()
 
     async def _screencast(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """Chromium pushes a JPEG whenever the page repaints; each is acked, kept as the newest,
-        and every viewer told. Runs while anyone watches; its end never fails the rig (a lost
-        connection does that on its own)."""
+        """Frames for the live view while anyone watches: Chromium pushes a JPEG whenever the
+        page repaints; Firefox is asked for a screenshot at most :data:`POLL_FPS` times a
+        second. Each frame is kept as the newest and every viewer told. Its end never fails
+        the rig (a lost connection does that on its own)."""
         page = self.page_driver()
         with trio.CancelScope() as scope:
             self._cast_scope = scope
@@ -512,30 +582,51 @@ class BrowserDriver:
             self._cast_stopped = trio.Event()
             task_status.started()
             try:
-                with page.page.subscribe({"Page.screencastFrame"}, limit=8) as sub:
-                    await page.page.send("Page.startScreencast", {
-                        "format": "jpeg", "quality": CAST_QUALITY, "everyNthFrame": 1,
-                        "maxWidth": HUMAN_STILL_MAX.width, "maxHeight": HUMAN_STILL_MAX.height,
-                    })
-                    while True:
-                        event = await sub.receive()
-                        frame = parse_cast_frame(event.params)
-                        await page.page.send("Page.screencastFrameAck", {"sessionId": frame.ack})
-                        self._cast = (frame.data, frame.width, frame.height)
-                        self._cast_ready.set()
-                        v = page.viewport
-                        for viewer in self._viewers:
-                            viewer.damage([(0, 0, v.width, v.height)])
+                if isinstance(page, ChromiumDriver):
+                    await self._cdp_cast(page)
+                else:
+                    await self._polled_cast(page)
             except (CDPError, RigdError) as exc:
                 self.machine.log.info("screencast ended", extra={"reason": str(exc)[:200]})
             finally:
                 self._cast = None
-                with trio.CancelScope(shield=True), trio.move_on_after(2), contextlib.suppress(CDPError):
-                    await page.page.send("Page.stopScreencast")
                 self._cast_scope = None
                 self._cast_stopped.set()
         for viewer in self._viewers:
             viewer.pointer()  # wake them: the next still is a screenshot
+
+    def _new_frame(self, page: PageDriver, data: bytes, width: int, height: int) -> None:
+        self._cast = (data, width, height)
+        self._cast_ready.set()
+        v = page.viewport
+        for viewer in self._viewers:
+            viewer.damage([(0, 0, v.width, v.height)])
+
+    async def _cdp_cast(self, page: ChromiumDriver) -> None:
+        try:
+            with page.page.subscribe({"Page.screencastFrame"}, limit=8) as sub:
+                await page.page.send("Page.startScreencast", {
+                    "format": "jpeg", "quality": CAST_QUALITY, "everyNthFrame": 1,
+                    "maxWidth": HUMAN_STILL_MAX.width, "maxHeight": HUMAN_STILL_MAX.height,
+                })
+                while True:
+                    event = await sub.receive()
+                    frame = parse_cast_frame(event.params)
+                    await page.page.send("Page.screencastFrameAck", {"sessionId": frame.ack})
+                    self._new_frame(page, frame.data, frame.width, frame.height)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2), contextlib.suppress(CDPError):
+                await page.page.send("Page.stopScreencast")
+
+    async def _polled_cast(self, page: PageDriver) -> None:
+        period = 1 / POLL_FPS
+        while True:
+            t0 = trio.current_time()
+            data, iw, ih = await page.capture(max_w=HUMAN_STILL_MAX.width, max_h=HUMAN_STILL_MAX.height,
+                                              quality=CAST_QUALITY)
+            self._new_frame(page, data, iw, ih)
+            # A rate cap, not a wait for a condition: BiDi says nothing when the page repaints.
+            await trio.sleep(max(0.0, period - (trio.current_time() - t0)))
 
     async def live_still(self, *, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
         page = self.page_driver()
@@ -547,13 +638,15 @@ class BrowserDriver:
                 await self._cast_ready.wait()
         if self._cast is not None:
             data, iw, ih = self._cast
-            lane = Lane("cdp-screencast", "Chromium pushes a frame whenever the page repaints", {})
+            lane = (Lane("bidi-poll", f"Firefox is asked for a screenshot at most {POLL_FPS} times a second "
+                                      "(BiDi has no screencast)", {}) if self.firefox else
+                    Lane("cdp-screencast", "Chromium pushes a frame whenever the page repaints", {}))
         else:
             try:
                 data, iw, ih = await page.capture(max_w=max_w, max_h=max_h, quality=quality)
             except CDPError as exc:
                 raise BackendError(f"screenshot: {exc}") from exc
-            lane = Lane("cdp", "a screenshot: no screencast is running", {})
+            lane = Lane(self._source, "a screenshot: no screencast is running", {})
         still = Still(data=data, media_type="image/jpeg", display_w=vw, display_h=vh,
                       image_w=iw, image_h=ih, scale=round(vw / iw, 6))
         return Frame(still, lane.source, page.pointer, False), lane
@@ -617,7 +710,8 @@ class BrowserRecipe:
         shown = machine.spec.display
         viewport = Display(*shown) if shown is not None else BOOT_VIEWPORT
         owned = machine.spec.profile
-        return BrowserDriver(machine, self.engine, sandbox=self.sandbox, viewport=viewport,
+        drops = CHROMIUM_DROPS if self.engine is Engine.CHROMIUM else BROWSER_DROPS
+        return BrowserDriver(machine, self.engine, sandbox=self.sandbox, viewport=viewport, drop_target=drops,
                              profile=ProfileRef(*owned) if owned is not None else None,
                              profiles=self.profiles)
 

@@ -30,7 +30,7 @@ import json
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -40,6 +40,7 @@ import trio
 import rigd.verbs.browser as bv
 from rigd.browser.cdp import CDPConnection, CDPSession, Subscription
 from rigd.browser.dom_keys import plan_press
+from rigd.browser.live_input import PointerState, Sleep, plan_cdp
 from rigd.browser.page import (
     AX_MAX_NODES,
     BOOT_VIEWPORT,
@@ -74,6 +75,7 @@ from rigd.browser.profiles import ProfileState, parse_state
 from rigd.errors import Conflict, FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
+from rigd.protocols.input import Step
 from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection, ScrollDirection
 
 log = logging.getLogger("rigd.browser.chromium")
@@ -345,6 +347,25 @@ class ChromiumDriver:
                 with contextlib.suppress(CDPError):
                     await self.page.send("Page.handleJavaScriptDialog",
                                          {"accept": kind == "beforeunload"})
+
+    async def ended(self) -> str:
+        """Return (why) once the page's session ends: detached, or its renderer crashed."""
+        return await self.conn.wait_ended(self.page.session_id)
+
+    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
+        """A person's live-view input as ``Input.*`` commands (:func:`plan_cdp`); the pointer after."""
+        commands, after = plan_cdp(steps, (self.viewport.width, self.viewport.height), state)
+        try:
+            async with self._input_lock:
+                for command in commands:
+                    if isinstance(command, Sleep):
+                        await trio.sleep(command.seconds)
+                    else:
+                        await self.page.send(*command)
+        finally:
+            self.pointer = (after.x, after.y)
+            self.button_down = bool(after.buttons & 1)
+        return after
 
     def _note_console(self, line: str) -> None:
         if len(self._console) == self._console.maxlen:

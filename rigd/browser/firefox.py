@@ -95,6 +95,8 @@ TAB_EVENTS = ("network.responseCompleted",)
 #: What Firefox is told when a session starts: dialogs never stall a verb.
 CAPABILITIES: dict[str, dict[str, Any]] = {"alwaysMatch": {"acceptInsecureCerts": False,
                                 "unhandledPromptBehavior": {"default": "dismiss", "beforeUnload": "accept"}}}
+#: How long the session's start may take (a cold remote agent under TCG).
+SESSION_NEW_TIMEOUT_S = 120.0
 #: How long one live-view poll may take to come back (a busy page answers late, not never).
 CAPTURE_TIMEOUT_S = 60.0
 #: The limit Firefox states and rigd passes on.
@@ -922,10 +924,13 @@ async def open_firefox(conn: CDPConnection, *, viewport: Display = BOOT_VIEWPORT
     """A BiDi session and a driver on the browser's first tab, with its event reader running
     (``insecure_certs``: accept any certificate — the host tests' own CA, never a rig)."""
     caps = {"alwaysMatch": {**CAPABILITIES["alwaysMatch"], "acceptInsecureCerts": insecure_certs}}
+    # The first session is slow on a cold engine (its remote agent loads its modules): ~15 s
+    # under TCG; later commands take their usual deadline.
     version = await conn.call("session.new", {"capabilities": caps},
-                              lambda f: f.obj("capabilities").string("browserVersion", 64, default=""))
+                              lambda f: f.obj("capabilities").string("browserVersion", 64, default=""),
+                              timeout=SESSION_NEW_TIMEOUT_S)
     events = conn.open_subscription(set(SESSION_EVENTS), limit=CONSOLE_KEEP)
-    await conn.send("session.subscribe", {"events": list(SESSION_EVENTS)})
+    await conn.send("session.subscribe", {"events": list(SESSION_EVENTS)}, timeout=SESSION_NEW_TIMEOUT_S)
     context = await conn.call("browsingContext.getTree", {"maxDepth": 0}, _first_context)
     driver = FirefoxDriver(conn, context, events, viewport=viewport, version=version)
     await driver._setup()

@@ -239,10 +239,14 @@ async def test_conversation_reuses_its_browser_per_engine_and_never_its_terminal
         b = await w.api.call("rig.open", w.admin, open_("browser", engine="chromium"))
         t = await w.api.call("rig.open", w.admin, open_("terminal"))
         assert a["id"] == b["id"] != t["id"] and a["engine"] == "chromium"
+        f = await w.api.call("rig.open", w.admin, open_("browser", engine="firefox"))
+        assert f["id"] not in (a["id"], t["id"]) and f["engine"] == "firefox"
+        assert (await w.api.call("rig.open", w.admin, open_("browser", engine="firefox")))["id"] == f["id"]
         with pytest.raises(FieldError) as exc:
-            await w.api.call("rig.open", w.admin, open_("browser", engine="firefox"))
+            await w.api.call("rig.open", w.admin, open_("browser", engine="webkit"))
         assert exc.value.field == "engine"
         await w.api.call("rig.close", w.admin, {"rigId": a["id"]})
+        assert (await w.api.call("rig.get", w.admin, {"rigId": f["id"]}))["phase"] == "ready"
         c = await w.api.call("rig.open", w.admin, open_("browser"))
         assert c["id"] != a["id"]
         # The terminal was left alone by the browser's close.
