@@ -95,6 +95,10 @@ TAB_EVENTS = ("network.responseCompleted",)
 #: What Firefox is told when a session starts: dialogs never stall a verb.
 CAPABILITIES: dict[str, dict[str, Any]] = {"alwaysMatch": {"acceptInsecureCerts": False,
                                 "unhandledPromptBehavior": {"default": "dismiss", "beforeUnload": "accept"}}}
+#: Firefox captures a full page at full size (BiDi has no scale): it is cut to this width,
+#: and no image the browser sends is decoded past :data:`MAX_PIXELS`.
+FULL_PAGE_MAX_WIDTH = 2560
+MAX_PIXELS = FULL_PAGE_MAX_WIDTH * FULL_PAGE_MAX_HEIGHT
 #: How long the session's start may take (a cold remote agent under TCG).
 SESSION_NEW_TIMEOUT_S = 120.0
 #: How long one live-view poll may take to come back (a busy page answers late, not never).
@@ -197,6 +201,9 @@ def fit_jpeg(data: bytes, max_w: int, max_h: int, quality: int) -> tuple[bytes, 
             if img.format not in ("JPEG", "PNG"):
                 raise CDPProtocolError("browsingContext.captureScreenshot: not a JPEG or PNG")
             w, h = img.size
+            if w * h > MAX_PIXELS:  # checked before anything is decoded
+                raise CDPProtocolError(f"browsingContext.captureScreenshot: a {w}x{h} image is over "
+                                       f"the {MAX_PIXELS}-pixel cap")
             scale = min(1.0, max_w / w, max_h / h)
             if scale >= 1.0 and img.format == "JPEG":
                 return data, w, h
@@ -737,6 +744,10 @@ class FirefoxDriver:
                 notes.append(f"the page is {height} px tall; only the top {FULL_PAGE_MAX_HEIGHT} px "
                              "were captured")
                 height = FULL_PAGE_MAX_HEIGHT
+            if width > FULL_PAGE_MAX_WIDTH:
+                notes.append(f"the page is {width} px wide; only the left {FULL_PAGE_MAX_WIDTH} px "
+                             "were captured")
+                width = FULL_PAGE_MAX_WIDTH
             params: dict[str, Any] = {"origin": "document", "clip": {
                 "type": "box", "x": 0, "y": 0, "width": width, "height": height}}
             data, iw, ih = await self._screenshot(params, cap.width, FULL_PAGE_MAX_HEIGHT, 75)

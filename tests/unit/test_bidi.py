@@ -546,3 +546,21 @@ def test_the_default_prefs() -> None:
     assert 'user_pref("dom.events.testing.asyncClipboard", true);' in lines
     assert 'user_pref("browser.startup.homepage_override.mstone", "ignore");' in lines
     assert all(line.startswith('user_pref("') and line.endswith(");") for line in lines)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that claims ``width`` x ``height`` (signature and IHDR only: nothing to decode)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    head = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    idat = b"IDAT" + zlib.compress(b"\0")
+    return head + struct.pack(">I", len(idat) - 4) + idat + struct.pack(">I", zlib.crc32(idat))
+
+
+def test_fit_jpeg_refuses_an_image_over_the_pixel_cap_before_decoding_it() -> None:
+    from rigd.browser.firefox import MAX_PIXELS
+
+    side = int(MAX_PIXELS**0.5) + 100  # over rigd's cap, under Pillow's own bomb limit
+    assert side * side < 89_478_485
+    with pytest.raises(CDPProtocolError, match="pixel cap"):
+        fit_jpeg(_png_header(side, side), 1280, 800, 75)
