@@ -60,7 +60,7 @@ integration: images
 	$(BIN)/pytest -q tests/integration
 
 test: images images-desktop images-browser lint
-	$(BIN)/pytest -q tests/unit tests/integration
+	$(BIN)/pytest -q --durations=25 tests/unit tests/integration
 
 bench: images images-desktop
 	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; \

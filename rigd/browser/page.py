@@ -13,17 +13,14 @@ preparing a field for ``fill``, putting a profile's local storage back), and
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from PIL import Image
-
 from rigd.errors import BackendError, FieldError
 from rigd.framing import untrusted_bytes
 from rigd.model import Display
-from rigd.protocols.cdp import CDPProtocolError
+from rigd.protocols.devtools import jpeg_size
 
 if TYPE_CHECKING:
     from rigd.browser.live_input import PointerState
@@ -185,17 +182,6 @@ def selector_engine(selector: str) -> tuple[str, str]:
     if not body:
         raise FieldError("action.selector", f"names the {engine} engine but no selector after '='")
     return engine, body
-
-
-def jpeg_size(data: bytes, where: str) -> tuple[int, int]:
-    """The size of a JPEG a browser sent; anything else is a protocol error naming ``where``."""
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.format != "JPEG":
-                raise CDPProtocolError(f"{where}: the image is not a JPEG")
-            return img.size
-    except (OSError, Image.DecompressionBombError) as exc:
-        raise CDPProtocolError(f"{where}: the image does not decode") from exc
 
 
 class PageDriver(Protocol):

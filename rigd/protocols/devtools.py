@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from PIL import Image
 
 from rigd.errors import RigdError
-from rigd.protocols.cdp import BROWSER_PATH
+from rigd.protocols.cdp import BROWSER_PATH, CDPProtocolError
 
 #: A real answer is ~500 bytes; anything past this is not DevTools.
 MAX_VERSION_BYTES = 16 * 1024
@@ -98,11 +98,17 @@ def parse_cast_frame(params: dict[str, object]) -> CastFrame:
         data = base64.b64decode(raw, validate=True)
     except (ValueError, binascii.Error) as exc:
         raise RigdError("screencast frame data is not base64", field="data") from exc
-    try:
-        with Image.open(io.BytesIO(data)) as img:  # reads the header only
-            if img.format != "JPEG":
-                raise RigdError("screencast frame is not a JPEG", field="data")
-            width, height = img.size
-    except (OSError, Image.DecompressionBombError) as exc:
-        raise RigdError("screencast frame does not decode", field="data") from exc
+    width, height = jpeg_size(data, "screencast frame")
     return CastFrame(data, width, height, ack)
+
+
+def jpeg_size(data: bytes, where: str) -> tuple[int, int]:
+    """The size of a JPEG a browser sent (its header only is read); anything else is a
+    :class:`~rigd.protocols.cdp.CDPProtocolError` naming ``where``."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format != "JPEG":
+                raise CDPProtocolError(f"{where}: the image is not a JPEG", field="data")
+            return img.size
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise CDPProtocolError(f"{where}: the image does not decode", field="data") from exc
