@@ -13,7 +13,7 @@ from netgate.broker import SecretStore
 from rigd import __version__
 from rigd.errors import FieldError, NotFound
 from rigd.images.importer import check_source, normalise_sha256
-from rigd.model import BUILT_SURFACES
+from rigd.model import BUILT_ENGINES, BUILT_SURFACES
 from rigd.params import RigRef, ident, integer, no_extra, obj, string
 from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
@@ -132,6 +132,7 @@ def build_methods(
             "accel": rigs.accel.value if rigs.accel else None,
             "accelProblem": rigs.accel_problem,
             "surfaces": sorted(s.value for s in BUILT_SURFACES),
+            "engines": sorted(e.value for e in BUILT_ENGINES),
             "memoryBudgetMb": rigs.memory_budget_mb,
             "memoryInUseMb": rigs.memory_in_use_mb(),
             "network": rigs.network or "none",

@@ -41,7 +41,10 @@ export class RigsScreen {
     try {
       const workspaces = await call("workspace.list");
       const info = this.ctx.session.info;
-      replace(this.surface, (info.surfaces || []).map((s) => h("option", { value: s }, s)));
+      // A browser rig runs one engine for life: one choice per engine this server starts.
+      replace(this.surface, (info.surfaces || []).flatMap((s) => (s === "browser" && (info.engines || []).length
+        ? info.engines.map((e) => h("option", { value: `browser:${e}` }, `browser (${e})`))
+        : [h("option", { value: s }, s)])));
       if (!workspaces.length) {
         replace(this.select, h("option", { value: "" }, "no workspaces"));
         announce(this.status, "You are not a member of any workspace, so there are no rigs to show.");
@@ -102,10 +105,11 @@ export class RigsScreen {
   }
 
   async open() {
-    const surface = this.surface.value;
-    announce(this.status, `Opening a ${surface} rig…`);
+    const [surface, engine] = this.surface.value.split(":");
+    announce(this.status, `Opening a ${engine ? `${engine} ${surface}` : surface} rig…`);
     try {
-      const rig = await call("rig.open", { workspace: this.workspace, surface, conversation: `page-${Date.now()}` });
+      const rig = await call("rig.open", { workspace: this.workspace, surface, conversation: `page-${Date.now()}`,
+        ...(engine ? { engine } : {}) });
       this.rigs.set(rig.id, rig);
       this.render();
       announce(this.status, `Opened ${rig.id} (${rig.phase}).`, "ok");
@@ -152,7 +156,7 @@ export class RigsScreen {
     const memory = rig.residentMb ? `${rig.residentMb} / ${rig.memoryMb} MB` : `${rig.memoryMb} MB`;
     return h("tr", { dataset: { rig: rig.id, phase: rig.phase } },
       h("th", { scope: "row" }, h("a", { href: `/settings/server/rigs/${encodeURIComponent(rig.id)}`, "data-nav": true }, rig.id)),
-      h("td", {}, rig.surface),
+      h("td", {}, rig.engine ? `${rig.surface} (${rig.engine})` : rig.surface),
       h("td.phase", {}, h("span.phase", { dataset: { phase: rig.phase } }, rig.phase),
         rig.phaseDetail ? h("div.muted", {}, rig.phaseDetail) : null,
         rig.failure ? h("div.error", {}, rig.failure) : null),
