@@ -99,6 +99,8 @@ CAPABILITIES: dict[str, dict[str, Any]] = {"alwaysMatch": {"acceptInsecureCerts"
 #: and no image the browser sends is decoded past :data:`MAX_PIXELS`.
 FULL_PAGE_MAX_WIDTH = 2560
 MAX_PIXELS = FULL_PAGE_MAX_WIDTH * FULL_PAGE_MAX_HEIGHT
+#: Key actions sent in one ``input.performActions`` (128 characters' down and up).
+KEY_CHUNK = 256
 #: How long the session's start may take (a cold remote agent under TCG).
 SESSION_NEW_TIMEOUT_S = 120.0
 #: How long one live-view poll may take to come back (a busy page answers late, not never).
@@ -653,8 +655,10 @@ class FirefoxDriver:
     # -- keyboard --
 
     async def _keys(self, actions: list[dict[str, Any]]) -> None:
-        if actions:
-            await self._actions({"type": "key", "id": KEYBOARD_ID, "actions": actions})
+        """Key actions in chunks: Firefox runs them one by one (a long text would outlast one
+        command's deadline), and its input state carries a held key from chunk to chunk."""
+        for i in range(0, len(actions), KEY_CHUNK):
+            await self._actions({"type": "key", "id": KEYBOARD_ID, "actions": actions[i:i + KEY_CHUNK]})
 
     async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
         actions = text_actions(a.text)

@@ -280,3 +280,13 @@ async def test_a_browser_that_exits_fails_pending_commands(tmp_path: Path) -> No
                 await conn.send("session.status", {})
     finally:
         await trio.to_thread.run_sync(stop_host_chromium, host)
+
+
+@pytest.mark.timeout(120)
+async def test_a_long_text_is_typed_whole_across_chunks(driver: FirefoxDriver, site: str) -> None:
+    await act(driver, action="navigate", url=f"{site}/input.html")
+    await act(driver, action="click", selector="#t")
+    text = "".join(chr(0x41 + i % 26) if i % 7 else "é" for i in range(700))  # > 2 chunks of keys
+    out = await act(driver, action="type", text=text)
+    assert out["characters"] == 700
+    assert await page(driver, "document.getElementById('t').value") == text
