@@ -1,10 +1,13 @@
 """Browser rigs against their named peers, measured in one run (``make bench``).
 
-A Chromium browser rig is booted in-process by the real recipe and driver
+A browser rig of ``--engine`` (``chromium``, the default, or ``firefox``) is
+booted in-process by the real recipe and driver
 (:class:`rigd.backends.browser.BrowserRecipe`, :class:`QemuMachine`: the rig's
-own DevTools port, the in-guest relays, the CDP client); the peer is the same
-Chromium package on the host (``/usr/bin/chromium --headless=new``, DevTools on
-host loopback), driven by the same client and driver. Both load the same
+own DevTools port, the in-guest relays, the engine's client); the peer is the
+same engine package on the host, driven by the same client and driver:
+Chromium (``/usr/bin/chromium --headless=new``, DevTools on host loopback)
+over CDP, or Firefox ESR (``firefox-esr --headless``, its remote agent on
+host loopback) over WebDriver BiDi. Both load the same
 pages from a loopback HTTP server on their own side (the host's from a thread
 here, the rig's from a tiny socat server inside the guest), so the network is
 not what is measured.
@@ -15,15 +18,19 @@ not what is measured.
 (2) **Navigate + screenshot** (the VM tax): the median of ``--rounds``
     rounds of ``navigate`` to a page then ``screenshot`` (1280x800 JPEG), in
     the rig and on the host. Ratio rig / host (1.0 = no tax).
-(3) **Screencast fps** while a page animates (``requestAnimationFrame``
+(3) **Live-view fps** while a page animates (``requestAnimationFrame``
     moving a box): frames per second the live view's frame loop yields for
     the rig (:func:`rigd.server.live.changed_frames` over the driver's
-    screencast), against Chromium's own screencast on the host (every
-    ``Page.screencastFrame``, acked at once). Ratio rig / host.
+    lane). Chromium: over its screencast, against Chromium's own screencast
+    on the host (every ``Page.screencastFrame``, acked at once). Firefox (BiDi
+    has no screencast): over the driver's polled lane (at most
+    :data:`rigd.backends.browser.POLL_FPS` a second), against the host
+    Firefox's own capture loop (back-to-back ``capture()``: the most a poller
+    could get). Ratio rig / host.
 
 Under TCG (this host) the rig's CPU is emulated: the ratios say what the
 isolation costs here, not on KVM. Every process is killed by pid on the way
-out (QEMU by its machine's teardown, the host Chromium by process group).
+out (QEMU by its machine's teardown, the host's engine by process group).
 """
 
 from __future__ import annotations
@@ -37,27 +44,50 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# The checkout first, before this script's own directory, even when PYTHONPATH names it already
+# (else bench/netgate.py shadows the netgate package).
+with contextlib.suppress(ValueError):
+    sys.path.remove(str(REPO))
+sys.path.insert(0, str(REPO))
 
 from bench._common import fmt_ms, fmt_s, med  # noqa: E402
 from rigd.backends.base import MachineSpec  # noqa: E402
-from rigd.backends.browser import BrowserDriver, BrowserRecipe  # noqa: E402
+from rigd.backends.browser import (  # noqa: E402
+    CAST_QUALITY,
+    IMAGE_ENGINE,
+    IMAGE_ENGINE_KEY,
+    POLL_FPS,
+    BrowserDriver,
+    BrowserRecipe,
+)
 from rigd.backends.confine import Identity  # noqa: E402
 from rigd.backends.qemu import QemuConfig, QemuMachine, make_overlay, open_qemu_machine  # noqa: E402
 from rigd.backends.recipe import RigPaths  # noqa: E402
 from rigd.browser.cdp import open_cdp  # noqa: E402
 from rigd.browser.chromium import ChromiumDriver, open_chromium  # noqa: E402
-from rigd.browser.testing import serve_pages, start_host_chromium, static_pages, stop_host_chromium  # noqa: E402
+from rigd.browser.firefox import open_firefox  # noqa: E402
+from rigd.browser.page import PageDriver  # noqa: E402
+from rigd.browser.testing import (  # noqa: E402
+    HostChromium,
+    serve_pages,
+    start_host_chromium,
+    start_host_firefox,
+    static_pages,
+    stop_host_chromium,
+)
 from rigd.images.browser import BrowserAssets, Engine, build_browser, ensure_browser_pack  # noqa: E402
-from rigd.model import Accel, Display, Surface  # noqa: E402
+from rigd.model import HUMAN_STILL_MAX, Accel, Display, Surface  # noqa: E402
+from rigd.model import Engine as ApiEngine  # noqa: E402
+from rigd.protocols.bidi import BiDiProtocol  # noqa: E402
 from rigd.protocols.devtools import parse_cast_frame  # noqa: E402
 from rigd.server.live import changed_frames  # noqa: E402
 from rigd.verbs import Action, ParseContext, parse_action  # noqa: E402
@@ -93,6 +123,34 @@ fi
 CTX = ParseContext(surface=Surface.BROWSER, display=Display(1280, 800))
 
 
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """What differs between engines: how the host's engine starts and is driven, and the
+    words the printed lines use for its parts."""
+
+    start: Callable[[Path], HostChromium]
+    #: Over WebDriver BiDi (a fresh protocol per connection); else CDP.
+    bidi: bool
+    open_page: Callable[..., AbstractAsyncContextManager[PageDriver]]
+    #: What answered once the engine had started (line 1).
+    agent: str
+    #: What line 3 measures, the rig's own frame source and the host's, named.
+    live: str
+    raw: str
+    peer: str
+
+
+PEERS = {
+    Engine.CHROMIUM: Peer(start_host_chromium, False, open_chromium, "DevTools", "screencast",
+                          "the rig's raw screencast", "host chromium"),
+    Engine.FIREFOX_ESR: Peer(start_host_firefox, True, open_firefox, "its remote agent",
+                             f"live view (polled, at most {POLL_FPS} fps)",
+                             "the rig's own capture loop",
+                             "host firefox-esr capture loop "
+                             "(back-to-back capture(): the most a poller could get)"),
+}
+
+
 def act(raw: dict[str, Any]) -> Action:
     parsed = parse_action("browser_use", raw, CTX)
     if isinstance(parsed, Exception):
@@ -101,11 +159,12 @@ def act(raw: dict[str, Any]) -> Action:
 
 
 @contextlib.asynccontextmanager
-async def host_chromium(home: Path) -> AsyncIterator[ChromiumDriver]:
-    """The peer: the host's Chromium, headless, its own profile, killed by process group."""
-    host = await trio.to_thread.run_sync(start_host_chromium, home)
+async def host_engine(peer: Peer, home: Path) -> AsyncIterator[PageDriver]:
+    """The peer: the host's engine, headless, its own profile, killed by process group."""
+    host = await trio.to_thread.run_sync(peer.start, home)
     try:
-        async with open_cdp(host.ws_url) as conn, open_chromium(conn, viewport=Display(1280, 800)) as page:
+        async with (open_cdp(host.ws_url, protocol=BiDiProtocol() if peer.bidi else None) as conn,
+                    peer.open_page(conn, viewport=Display(1280, 800)) as page):
             yield page
     finally:
         await trio.to_thread.run_sync(stop_host_chromium, host)
@@ -138,8 +197,28 @@ async def raw_cast_fps(page: ChromiumDriver, seconds: float) -> tuple[float, int
     return frames / elapsed, frames
 
 
+async def capture_fps(page: PageDriver, seconds: float) -> tuple[float, int]:
+    """An engine without a screencast: back-to-back ``capture()`` at the live view's size and
+    quality, the most a poller could get."""
+    frames = 0
+    t0 = trio.current_time()
+    with trio.move_on_after(seconds):
+        while True:
+            await page.capture(max_w=HUMAN_STILL_MAX.width, max_h=HUMAN_STILL_MAX.height,
+                               quality=CAST_QUALITY)
+            frames += 1
+    return frames / (trio.current_time() - t0), frames
+
+
+async def engine_fps(page: PageDriver, seconds: float) -> tuple[float, int]:
+    """The most the engine itself yields: its screencast where it has one, else its capture loop."""
+    if isinstance(page, ChromiumDriver):
+        return await raw_cast_fps(page, seconds)
+    return await capture_fps(page, seconds)
+
+
 async def live_fps(machine: QemuMachine, seconds: float) -> tuple[float, int]:
-    """What the rig's live view yields: its frame loop over the driver's screencast."""
+    """What the rig's live view yields: its frame loop over the driver's lane (screencast or poll)."""
     frames = 0
     sources: set[str] = set()
     live = changed_frames(machine, lambda: None)
@@ -155,13 +234,15 @@ async def live_fps(machine: QemuMachine, seconds: float) -> tuple[float, int]:
 
 
 async def run(args: argparse.Namespace, assets: BrowserAssets, pack: Path, work: Path) -> int:
+    peer = PEERS[assets.engine]
     config = QemuConfig(data_dir=work, accel=Accel.TCG, warm_starts=False)
     recipe = BrowserRecipe(config, assets, pack)
     rig_dir = work / "rig"
     paths = RigPaths(rig_dir, rig_dir / "disk.qcow2")
     identity = Identity(os.getuid(), os.getgid(), (), per_rig=False)
     await make_overlay(config.qemu_img, paths.overlay, pack, "raw", identity)
-    spec = MachineSpec(rig_id="benchbrowser", surface=Surface.BROWSER, memory_mb=2048, vcpus=2)
+    spec = MachineSpec(rig_id="benchbrowser", surface=Surface.BROWSER, memory_mb=2048, vcpus=2,
+                       engine=IMAGE_ENGINE_KEY[assets.engine])
     with serve_pages(static_pages(PAGES)) as site:
         async with open_qemu_machine(spec=spec, recipe=recipe, config=config, identity=identity,
                                      paths=paths, gateway=None, log=logging.getLogger("rigd.bench")) as m:
@@ -172,7 +253,7 @@ async def run(args: argparse.Namespace, assets: BrowserAssets, pack: Path, work:
             cold_s = time.perf_counter() - t0
             assert isinstance(m.driver, BrowserDriver)
             print(f"(1) cold open → first screenshot: {fmt_s(cold_s)} (driver ready {fmt_s(ready_s)}; "
-                  f"DevTools answered {fmt_s(m.driver.devtools_s or 0)} after the engine started)")
+                  f"{peer.agent} answered {fmt_s(m.driver.devtools_s or 0)} after the engine started)")
             print("    warm open: not measured — warm starts are not built for browser rigs yet "
                   "(goal: at least 5 times faster than cold)")
             files = {"handler.sh": HANDLER, **{p.lstrip("/"): body for p, body in PAGES.items()}}
@@ -185,23 +266,24 @@ async def run(args: argparse.Namespace, assets: BrowserAssets, pack: Path, work:
                              max_output=4096)
             if r.exit_code != 0:
                 raise RuntimeError(f"the guest's page server did not start: {r.stderr[-500:]!r}")
-            async with host_chromium(work) as host:
+            async with host_engine(peer, work) as host:
                 rig_t = await navigate_and_shoot(m.perform, "http://127.0.0.1:8000", args.rounds)
                 host_t = await navigate_and_shoot(host.perform, site, args.rounds)
                 print(f"(2) navigate + screenshot, median of {args.rounds}: rig {fmt_ms(med(rig_t))}, "
-                      f"host chromium {fmt_ms(med(host_t))} → ratio {med(rig_t) / med(host_t):.2f} "
+                      f"host {assets.engine.value} {fmt_ms(med(host_t))} → ratio "
+                      f"{med(rig_t) / med(host_t):.2f} "
                       "(the VM tax; 1.0 = none)")
                 await m.perform(act({"action": "navigate", "url": "http://127.0.0.1:8000/anim.html"}))
                 await host.perform(act({"action": "navigate", "url": f"{site}/anim.html"}))
                 rig_fps, rig_n = await live_fps(m, args.seconds)
-                # The live view's screencast stops once its last viewer has gone (its task's end).
+                # The live view's screencast or poll stops once its last viewer has gone (its task's end).
                 with trio.fail_after(10):
                     await m.driver.screencast_stopped()
-                raw_fps, _raw_n = await raw_cast_fps(m.driver.page_driver(), args.seconds)
-                host_fps, host_n = await raw_cast_fps(host, args.seconds)
-                print(f"(3) screencast while a page animates, {args.seconds:g} s each: rig live view "
-                      f"{rig_fps:.1f} fps ({rig_n} frames; the rig's raw screencast {raw_fps:.1f} fps), "
-                      f"host chromium {host_fps:.1f} fps ({host_n}) → ratio {rig_fps / host_fps:.2f}")
+                raw_fps, _raw_n = await engine_fps(m.driver.page_driver(), args.seconds)
+                host_fps, host_n = await engine_fps(host, args.seconds)
+                print(f"(3) {peer.live} while a page animates, {args.seconds:g} s each: rig live view "
+                      f"{rig_fps:.1f} fps ({rig_n} frames; {peer.raw} {raw_fps:.1f} fps), "
+                      f"{peer.peer} {host_fps:.1f} fps ({host_n}) → ratio {rig_fps / host_fps:.2f}")
     return 0
 
 
@@ -209,9 +291,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--engine", choices=[e.value for e in ApiEngine if IMAGE_ENGINE[e] in PEERS],
+                        default=ApiEngine.CHROMIUM.value,
+                        help="the rig's engine, and the same engine on the host as its peer")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    assets = build_browser(Engine.CHROMIUM, log=lambda m: print(f"[images] {m}"))
+    assets = build_browser(IMAGE_ENGINE[ApiEngine(args.engine)], log=lambda m: print(f"[images] {m}"))
     PACKS.mkdir(parents=True, exist_ok=True)
     pack = ensure_browser_pack(assets, PACKS, lambda step: print(f"[pack] {step}"))
     work = Path(tempfile.mkdtemp(prefix="rigd-bench-browser-", dir="/var/tmp"))
