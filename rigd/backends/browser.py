@@ -203,7 +203,7 @@ def relay_script(port_name: str = DEVTOOLS_PORT_NAME) -> str:
         "i=0",
         # Any HTTP answer through the relay will do (Firefox's remote agent has no /json).
         f"until curl -s --max-time 2 -o /dev/null http://127.0.0.1:{RELAY_PORT}/; do",
-        f'  i=$((i+1)); [ "$i" -lt 100 ] || {{ echo "the {RELAY_PORT} relay never answered" >&2; exit 3; }}',
+        f'  i=$((i+1)); [ "$i" -lt 400 ] || {{ echo "the {RELAY_PORT} relay never answered" >&2; exit 3; }}',
         "  sleep 0.1",
         "done",
         f'setsid socat GOPEN:"$dev" TCP:127.0.0.1:{RELAY_PORT} </dev/null >>{RELAY_LOG} 2>&1 &',
@@ -238,6 +238,9 @@ CAST_FIRST_S = 3.0
 #: How often a profile is saved with no action to prompt it, and how long after an action.
 PROFILE_EVERY_S = 30.0
 PROFILE_SETTLE_S = 2.0
+#: How long the relays may take to start: the first answer through 9222 can take tens of
+#: seconds from an engine that has just started under TCG (Firefox's remote agent, measured).
+RELAY_START_S = 120.0
 #: How long one engine watch may wait before it is asked again (the agent's exec deadline).
 WATCH_S = 3600.0
 
@@ -343,11 +346,13 @@ class BrowserDriver:
             stream = await trio.open_unix_socket(str(self.port_socket))
         except OSError as exc:
             raise BackendError(f"cannot reach the rig's DevTools port: {exc}") from exc
-        code, _out, err = await self._sh(relay_script(), 30)
+        code, _out, err = await self._sh(relay_script(), RELAY_START_S)
         if code != 0:
             await stream.aclose()
-            raise BackendError(f"the DevTools relay did not start (exit {code}): "
-                               f"{err.decode(errors='replace')[-500:]}")
+            said = (f"within {RELAY_START_S:g} s" if code is None else f"(exit {code})")
+            raise BackendError(f"the DevTools relay did not start {said}: "
+                               f"{err.decode(errors='replace')[-500:]}",
+                               console=self.machine.console_tail(1024))
         reason: str | None = None
         try:
             async with self._connect(stream, path) as (conn, page):
