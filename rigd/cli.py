@@ -213,6 +213,23 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """``rigd mcp``: the agent tools as an MCP server on stdio (stdout is the protocol)."""
+    from rigd import mcp
+    from rigd.logs import setup
+
+    if args.token_file:
+        try:
+            args.token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise ClientError(f"cannot read the token file {args.token_file}: {exc}") from exc
+    client = Client.from_args(args)
+    setup(args.log_level)  # a StreamHandler on stderr: nothing but MCP goes to stdout
+    with contextlib.suppress(KeyboardInterrupt):
+        mcp.run(client.call, args.workspace, args.conversation or mcp.default_conversation())
+    return 0
+
+
 def cmd_term(args: argparse.Namespace) -> int:
     from rigd.term_client import run_terminal
 
@@ -430,6 +447,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("method")
     sp.add_argument("params", nargs="?")
     sp.set_defaults(fn=cmd_rpc)
+
+    sp = sub.add_parser("mcp", help="serve the agent tools over MCP on stdio (for MCP clients)")
+    client_opts(sp)
+    sp.add_argument("--token-file", help="read the bearer token from this file (instead of --token)")
+    sp.add_argument("--workspace", default="default", help="the workspace the tools act in")
+    sp.add_argument("--conversation",
+                    help="the conversation whose rigs the tools reuse (default: one of this process's own)")
+    sp.add_argument("--log-level", default="warning", help="log level on stderr (default warning)")
+    sp.set_defaults(fn=cmd_mcp)
 
     sp = sub.add_parser("images", help="build the default images; import a desktop image")
     isub = sp.add_subparsers(dest="images_cmd", required=True)
