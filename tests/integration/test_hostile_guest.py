@@ -43,14 +43,21 @@ def responsive(server: Server, rig_id: str) -> float:
     return time.monotonic() - started
 
 
+#: How late a flooded server may answer and still count as serving.
+RESPONSIVE_S = 10.0
+
+
 @pytest.mark.parametrize("attack", [FLOOD, SILENCE], ids=["flood", "silence"])
 def test_hostile_agent_leaves_server_responsive(server: Server, attack: str) -> None:
     victim = open_terminal(server)
     bystander = open_terminal(server)
     exec_(server, victim["id"], command=attack)
     time.sleep(3)
+    # A liveness bound, not a speed target: a wedged event loop never answers; a flooded one
+    # under TCG on two shared cores answers late now and then (seen: over 2 s once in CI).
     for _ in range(5):
-        assert responsive(server, victim["id"]) < 2.0
+        took = responsive(server, victim["id"])
+        assert took < RESPONSIVE_S, took
         time.sleep(0.2)
     if attack is FLOOD:
         channel = server.call("rig.get", {"rigId": victim["id"]})["agentChannel"]
