@@ -52,15 +52,17 @@ from rigd.browser.page import (
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     LOAD_TIMEOUT_S,
-    SCROLL_SETTLE_S,
     TITLE_MAX_CHARS,
     TITLE_TIMEOUT_S,
     WAIT_FOR_POLL_S,
     WHEEL_NOTCH_PX,
     WORLD_NAME,
     PageError,
+    check_point,
     jpeg_size,
+    scroll_xy,
     selector_engine,
+    settled,
 )
 from rigd.browser.page import CLEAR as _CLEAR
 from rigd.browser.page import DOM_SCRIPT as _DOM
@@ -579,10 +581,7 @@ class ChromiumDriver:
     # -- pointer --
 
     def _check_point(self, point: tuple[int, int], field: str) -> None:
-        x, y = point
-        if not (0 <= x < self.viewport.width and 0 <= y < self.viewport.height):
-            raise FieldError(field, f"({x}, {y}) is outside the {self.viewport.width}x"
-                                    f"{self.viewport.height} viewport")
+        check_point(self.viewport, point, field)
 
     async def _mouse(self, kind: str, point: tuple[int, int], **extra: Any) -> None:
         buttons = 1 if self.button_down else 0
@@ -657,23 +656,11 @@ class ChromiumDriver:
         return out
 
     async def _scroll_position(self) -> tuple[int, int] | None:
-        got = await self._eval("[window.scrollX, window.scrollY]")
-        if isinstance(got, list) and len(got) == 2 and all(
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in got):
-            return round(got[0]), round(got[1])
-        return None
+        return scroll_xy(await self._eval("[window.scrollX, window.scrollY]"))
 
     async def _scroll_settled(self) -> tuple[int, int] | None:
         """The page's scroll position once it stops changing (a smooth scroll animates)."""
-        last = await self._scroll_position()
-        with trio.move_on_after(SCROLL_SETTLE_S):
-            while True:
-                await trio.sleep(0.05)
-                now = await self._scroll_position()
-                if now == last:
-                    break
-                last = now
-        return last
+        return await settled(self._scroll_position)
 
     # -- keyboard --
 

@@ -66,15 +66,17 @@ from rigd.browser.page import (
     LOAD_TIMEOUT_S,
     RESOLVE,
     RESTORE_STORAGE,
-    SCROLL_SETTLE_S,
     TITLE_MAX_CHARS,
     TITLE_TIMEOUT_S,
     WAIT_FOR_POLL_S,
     WHEEL_NOTCH_PX,
     WORLD_NAME,
     PageError,
+    check_point,
     origin_of,
+    scroll_xy,
     selector_engine,
+    settled,
     text_json,
 )
 from rigd.browser.profiles import ProfileState, parse_state
@@ -561,10 +563,7 @@ class FirefoxDriver:
     # -- pointer --
 
     def _check_point(self, point: tuple[int, int], field: str) -> None:
-        x, y = point
-        if not (0 <= x < self.viewport.width and 0 <= y < self.viewport.height):
-            raise FieldError(field, f"({x}, {y}) is outside the {self.viewport.width}x"
-                                    f"{self.viewport.height} viewport")
+        check_point(self.viewport, point, field)
 
     async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
         async with self._input_lock:
@@ -635,22 +634,11 @@ class FirefoxDriver:
         return out
 
     async def _scroll_position(self) -> tuple[int, int] | None:
-        got = await self._script(_SCROLL)
-        if isinstance(got, list) and len(got) == 2 and all(
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in got):
-            return round(got[0]), round(got[1])
-        return None
+        return scroll_xy(await self._script(_SCROLL))
 
     async def _scroll_settled(self) -> tuple[int, int] | None:
-        last = await self._scroll_position()
-        with trio.move_on_after(SCROLL_SETTLE_S):
-            while True:
-                await trio.sleep(0.05)
-                now = await self._scroll_position()
-                if now == last:
-                    break
-                last = now
-        return last
+        """The page's scroll position once it stops changing (a smooth scroll animates)."""
+        return await settled(self._scroll_position)
 
     # -- keyboard --
 

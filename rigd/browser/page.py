@@ -13,14 +13,19 @@ preparing a field for ``fill``, putting a profile's local storage back), and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
+
+import trio
 
 from rigd.errors import BackendError, FieldError
 from rigd.framing import untrusted_bytes
 from rigd.model import Display
 from rigd.protocols.devtools import jpeg_size
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from rigd.browser.live_input import PointerState
@@ -182,6 +187,35 @@ def selector_engine(selector: str) -> tuple[str, str]:
     if not body:
         raise FieldError("action.selector", f"names the {engine} engine but no selector after '='")
     return engine, body
+
+
+def check_point(viewport: Display, point: tuple[int, int], field: str) -> None:
+    """A field error naming ``field`` unless ``point`` is inside ``viewport`` (CSS px)."""
+    x, y = point
+    if not (0 <= x < viewport.width and 0 <= y < viewport.height):
+        raise FieldError(field, f"({x}, {y}) is outside the {viewport.width}x{viewport.height} viewport")
+
+
+def scroll_xy(got: Any) -> tuple[int, int] | None:
+    """The page's ``[scrollX, scrollY]`` answer as two integers, or None when it is not that."""
+    if isinstance(got, list) and len(got) == 2 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in got):
+        return round(got[0]), round(got[1])
+    return None
+
+
+async def settled(read: Callable[[], Awaitable[T]]) -> T:
+    """``read()`` again every 50 ms until it answers the same twice (a smooth scroll
+    animates), for at most :data:`SCROLL_SETTLE_S`; the last answer."""
+    last = await read()
+    with trio.move_on_after(SCROLL_SETTLE_S):
+        while True:
+            await trio.sleep(0.05)
+            now = await read()
+            if now == last:
+                break
+            last = now
+    return last
 
 
 class PageDriver(Protocol):
