@@ -14,7 +14,7 @@ help:
 	@echo "make run    - install what is missing, build images, start the server"
 	@echo "make test   - install what is missing and run lint + the whole test suite"
 	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
-	@echo "make images-browser - build the Chromium and Firefox browser images (a server also builds them on first use)"
+	@echo "make images-browser - build the Chromium, Firefox and WebKit browser images (a server also builds them on first use)"
 	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes)"
 	@echo "make lint   - ruff and mypy --strict"
 
@@ -36,11 +36,12 @@ images: venv
 images-desktop: venv
 	$(BIN)/python -m rigd.images desktop
 
-# The browser images, one per engine (Chromium ~4-5 minutes cold, Firefox ESR ~3); the
+# The browser images, one per engine (Chromium ~4-5 minutes cold, Firefox ESR ~3, WebKit ~3); the
 # browser tests boot them (a server builds an engine's image on its first rig when absent).
 images-browser: venv
 	$(BIN)/python -m rigd.images browser --engine chromium
 	$(BIN)/python -m rigd.images browser --engine firefox-esr
+	$(BIN)/python -m rigd.images browser --engine webkit2gtk-driver
 
 run: images images-desktop
 	@if $(BIN)/rigd accel-probe; then accel=""; \

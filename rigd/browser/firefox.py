@@ -51,21 +51,26 @@ from rigd.browser.bidi_input import (
 from rigd.browser.cdp import CDPConnection, Subscription
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
+    A11Y_OUTLINE,
     BOOT_VIEWPORT,
-    CLEAR,
     CLIPBOARD_MAX_BYTES,
     CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
     DOM_SCRIPT,
     DRAG_STEPS,
     EXTRACT_MAX_BYTES,
-    FILL_PREPARE,
+    FILL,
+    FIND,
     FOCUSED_EDITABLE,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     LOAD_TIMEOUT_S,
-    RESOLVE,
+    PAGE_SIZE,
+    POINT,
     RESTORE_STORAGE,
+    SCROLL,
+    STORAGE,
+    TITLE,
     TITLE_MAX_CHARS,
     TITLE_TIMEOUT_S,
     WAIT_FOR_POLL_S,
@@ -283,89 +288,6 @@ def cookie_to_bidi(saved: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# -- scripts (run in rigd's sandbox of the page) -------------------------------------------------
-
-_FIND = f"""(engine, body) => {{
-  let el;
-  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return {{invalid: true}}; }}
-  return {{found: !!el}};
-}}"""
-_POINT = f"""(engine, body) => {{
-  let el;
-  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return {{invalid: true}}; }}
-  if (!el) return {{found: false}};
-  el.scrollIntoView({{block: 'center', inline: 'center', behavior: 'instant'}});
-  for (const r of el.getClientRects()) {{
-    if (r.width * r.height > 0.5) return {{found: true, x: r.left + r.width / 2, y: r.top + r.height / 2}};
-  }}
-  return {{found: true}};
-}}"""
-_FILL = f"""(engine, body, clear) => {{
-  let el;
-  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return 'invalid'; }}
-  if (!el) return 'missing';
-  el.scrollIntoView({{block: 'center', behavior: 'instant'}});
-  const verdict = ({FILL_PREPARE}).call(el);
-  if (verdict === 'ok' && clear) ({CLEAR}).call(el);
-  return verdict;
-}}"""
-_TITLE = f"() => document.title.substring(0, {TITLE_MAX_CHARS})"
-_SCROLL = "() => [window.scrollX, window.scrollY]"
-_PAGE_SIZE = """() => { const d = document.documentElement, b = document.body;
-  return [Math.max(d ? d.scrollWidth : 0, b ? b.scrollWidth : 0, innerWidth),
-          Math.max(d ? d.scrollHeight : 0, b ? b.scrollHeight : 0, innerHeight)]; }"""
-_STORAGE = """() => { const out = {}; try {
-  for (let i = 0; i < localStorage.length && i < 10000; i++) {
-    const k = localStorage.key(i); out[k] = localStorage.getItem(k); } } catch (e) {}
-  return out; }"""
-#: The DOM-derived outline: landmarks, headings, links, buttons, fields, images and text.
-_A11Y = """(limit) => {
-  const roles = {A: 'link', BUTTON: 'button', H1: 'heading', H2: 'heading', H3: 'heading', H4: 'heading',
-    H5: 'heading', H6: 'heading', NAV: 'navigation', MAIN: 'main', HEADER: 'banner', FOOTER: 'contentinfo',
-    ASIDE: 'complementary', FORM: 'form', IMG: 'img', SELECT: 'combobox', TEXTAREA: 'textbox', UL: 'list',
-    OL: 'list', LI: 'listitem', TABLE: 'table', TR: 'row', TD: 'cell', TH: 'columnheader', LABEL: 'label',
-    DIALOG: 'dialog', P: 'paragraph'};
-  const inputRole = t => ({checkbox: 'checkbox', radio: 'radio', button: 'button', submit: 'button',
-    reset: 'button', range: 'slider', search: 'searchbox'})[t] || 'textbox';
-  const skip = new Set(['SCRIPT', 'STYLE', 'NOSCRIPT', 'TEMPLATE', 'HEAD']);
-  const lines = []; let count = 0;
-  const name = el => {
-    const l = el.getAttribute('aria-label'); if (l) return l;
-    const by = el.getAttribute('aria-labelledby');
-    if (by) { const t = by.split(/\\s+/).map(i => document.getElementById(i)).filter(Boolean)
-      .map(e => e.textContent).join(' '); if (t.trim()) return t; }
-    if (el.tagName === 'IMG') return el.getAttribute('alt') || '';
-    if (el.tagName === 'INPUT' || el.tagName === 'TEXTAREA' || el.tagName === 'SELECT') {
-      if (el.labels && el.labels.length) return el.labels[0].textContent;
-      return el.getAttribute('placeholder') || el.getAttribute('title') || '';
-    }
-    return el.textContent || '';
-  };
-  const walk = (el, depth) => {
-    if (count >= limit || skip.has(el.tagName) || el.hidden) return;
-    if (el.getAttribute('aria-hidden') === 'true') return;
-    count++;
-    let role = el.getAttribute('role') || (el.tagName === 'INPUT' ? inputRole(el.type) : roles[el.tagName]);
-    if (role === 'link' && !el.hasAttribute('href')) role = undefined;
-    let next = depth;
-    if (role) {
-      let text = name(el).replace(/\\s+/g, ' ').trim().slice(0, 200);
-      let line = '  '.repeat(Math.min(depth, 64)) + role + (text ? ' ' + JSON.stringify(text) : '');
-      if ((el.tagName === 'INPUT' || el.tagName === 'TEXTAREA') && el.type !== 'password' && el.value)
-        line += ' = ' + JSON.stringify(String(el.value).slice(0, 200));
-      if (el.type === 'checkbox' || el.type === 'radio') line += el.checked ? ' (checked)' : '';
-      lines.push(line); next = depth + 1;
-    } else if (el.children.length === 0) {
-      const t = (el.textContent || '').replace(/\\s+/g, ' ').trim();
-      if (t) lines.push('  '.repeat(Math.min(depth, 64)) + 'text ' + JSON.stringify(t.slice(0, 200)));
-    }
-    for (const c of el.children) walk(c, next);
-  };
-  if (document.body) walk(document.body, 0);
-  return {count, text: lines.join('\\n')};
-}"""
-
-
 class FirefoxDriver:
     """The browser_use verbs on one tab. Made by :func:`open_firefox`."""
 
@@ -451,7 +373,7 @@ class FirefoxDriver:
         url = await self._url()
         title = ""
         with contextlib.suppress(CDPError):
-            got = await self._script(_TITLE, timeout=TITLE_TIMEOUT_S)
+            got = await self._script(TITLE, timeout=TITLE_TIMEOUT_S)
             if isinstance(got, str):
                 title = got
         return {"url": url[:8192], "title": text_json(title[:TITLE_MAX_CHARS], 4096)}
@@ -543,7 +465,7 @@ class FirefoxDriver:
 
     async def _element_point(self, selector: str) -> tuple[int, int]:
         engine, body = selector_engine(selector)
-        got = await self._script(_POINT, engine, body)
+        got = await self._script(POINT, engine, body)
         if not isinstance(got, dict) or got.get("invalid"):
             raise FieldError("action.selector", "is not a valid " + ("XPath expression" if engine == "xpath"
                                                                       else f"{engine} selector"))
@@ -634,7 +556,7 @@ class FirefoxDriver:
         return out
 
     async def _scroll_position(self) -> tuple[int, int] | None:
-        return scroll_xy(await self._script(_SCROLL))
+        return scroll_xy(await self._script(SCROLL))
 
     async def _scroll_settled(self) -> tuple[int, int] | None:
         """The page's scroll position once it stops changing (a smooth scroll animates)."""
@@ -663,7 +585,7 @@ class FirefoxDriver:
         engine, body = selector_engine(a.selector)
         actions = text_actions(a.text)
         async with self._input_lock:
-            verdict = await self._script(_FILL, engine, body, not a.text)
+            verdict = await self._script(FILL, engine, body, not a.text)
             if verdict == "invalid":
                 raise FieldError("action.selector", f"is not a valid {engine} selector")
             if verdict == "missing":
@@ -697,7 +619,7 @@ class FirefoxDriver:
                                    f"{EXTRACT_MAX_BYTES} bytes were kept")
             return {"kind": "dom", **page, "content": content}
         if a.kind is ExtractKind.A11Y:
-            got = await self._script(_A11Y, 100_000, timeout=30)
+            got = await self._script(A11Y_OUTLINE, 100_000, timeout=30)
             if not (isinstance(got, dict) and isinstance(got.get("text"), str)):
                 raise CDPProtocolError("extract a11y: the page's answer has no outline")
             count = got.get("count")
@@ -727,7 +649,7 @@ class FirefoxDriver:
         notes: list[str] = []
         page_size = None
         if a.full_page:
-            got = await self._script(_PAGE_SIZE)
+            got = await self._script(PAGE_SIZE)
             if not (isinstance(got, list) and len(got) == 2 and all(isinstance(v, int) for v in got)):
                 raise CDPProtocolError("screenshot: the page's size is not two integers")
             width, height = max(1, got[0]), max(1, got[1])
@@ -811,7 +733,7 @@ class FirefoxDriver:
         with trio.move_on_after(a.timeout_s):
             while True:
                 with contextlib.suppress(CDPError):
-                    got = await self._script(_FIND, engine, body)
+                    got = await self._script(FIND, engine, body)
                     if isinstance(got, dict) and got.get("invalid"):
                         raise FieldError("action.selector", f"is not a valid {engine} selector")
                     found = isinstance(got, dict) and got.get("found") is True
@@ -884,7 +806,7 @@ class FirefoxDriver:
         storage = dict(previous.storage) if previous is not None else {}
         origin = origin_of(url)
         if origin is not None:
-            items = await self._script(_STORAGE, timeout=30)
+            items = await self._script(STORAGE, timeout=30)
             if isinstance(items, dict) and items:
                 storage[origin] = items
             else:

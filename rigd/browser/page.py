@@ -151,6 +151,90 @@ RESTORE_STORAGE = """(() => { try {
 } catch (e) {} })();"""
 
 
+# -- functions rigd calls in the page (BiDi's callFunction, WebDriver's execute) --------------
+
+FIND = f"""(engine, body) => {{
+  let el;
+  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return {{invalid: true}}; }}
+  return {{found: !!el}};
+}}"""
+POINT = f"""(engine, body) => {{
+  let el;
+  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return {{invalid: true}}; }}
+  if (!el) return {{found: false}};
+  el.scrollIntoView({{block: 'center', inline: 'center', behavior: 'instant'}});
+  for (const r of el.getClientRects()) {{
+    if (r.width * r.height > 0.5) return {{found: true, x: r.left + r.width / 2, y: r.top + r.height / 2}};
+  }}
+  return {{found: true}};
+}}"""
+FILL = f"""(engine, body, clear) => {{
+  let el;
+  try {{ el = ({RESOLVE})(engine, body); }} catch (e) {{ return 'invalid'; }}
+  if (!el) return 'missing';
+  el.scrollIntoView({{block: 'center', behavior: 'instant'}});
+  const verdict = ({FILL_PREPARE}).call(el);
+  if (verdict === 'ok' && clear) ({CLEAR}).call(el);
+  return verdict;
+}}"""
+TITLE = f"() => document.title.substring(0, {TITLE_MAX_CHARS})"
+SCROLL = "() => [window.scrollX, window.scrollY]"
+PAGE_SIZE = """() => { const d = document.documentElement, b = document.body;
+  return [Math.max(d ? d.scrollWidth : 0, b ? b.scrollWidth : 0, innerWidth),
+          Math.max(d ? d.scrollHeight : 0, b ? b.scrollHeight : 0, innerHeight)]; }"""
+STORAGE = """() => { const out = {}; try {
+  for (let i = 0; i < localStorage.length && i < 10000; i++) {
+    const k = localStorage.key(i); out[k] = localStorage.getItem(k); } } catch (e) {}
+  return out; }"""
+#: The DOM-derived outline: landmarks, headings, links, buttons, fields, images and text.
+A11Y_OUTLINE = """(limit) => {
+  const roles = {A: 'link', BUTTON: 'button', H1: 'heading', H2: 'heading', H3: 'heading', H4: 'heading',
+    H5: 'heading', H6: 'heading', NAV: 'navigation', MAIN: 'main', HEADER: 'banner', FOOTER: 'contentinfo',
+    ASIDE: 'complementary', FORM: 'form', IMG: 'img', SELECT: 'combobox', TEXTAREA: 'textbox', UL: 'list',
+    OL: 'list', LI: 'listitem', TABLE: 'table', TR: 'row', TD: 'cell', TH: 'columnheader', LABEL: 'label',
+    DIALOG: 'dialog', P: 'paragraph'};
+  const inputRole = t => ({checkbox: 'checkbox', radio: 'radio', button: 'button', submit: 'button',
+    reset: 'button', range: 'slider', search: 'searchbox'})[t] || 'textbox';
+  const skip = new Set(['SCRIPT', 'STYLE', 'NOSCRIPT', 'TEMPLATE', 'HEAD']);
+  const lines = []; let count = 0;
+  const name = el => {
+    const l = el.getAttribute('aria-label'); if (l) return l;
+    const by = el.getAttribute('aria-labelledby');
+    if (by) { const t = by.split(/\\s+/).map(i => document.getElementById(i)).filter(Boolean)
+      .map(e => e.textContent).join(' '); if (t.trim()) return t; }
+    if (el.tagName === 'IMG') return el.getAttribute('alt') || '';
+    if (el.tagName === 'INPUT' || el.tagName === 'TEXTAREA' || el.tagName === 'SELECT') {
+      if (el.labels && el.labels.length) return el.labels[0].textContent;
+      return el.getAttribute('placeholder') || el.getAttribute('title') || '';
+    }
+    return el.textContent || '';
+  };
+  const walk = (el, depth) => {
+    if (count >= limit || skip.has(el.tagName) || el.hidden) return;
+    if (el.getAttribute('aria-hidden') === 'true') return;
+    count++;
+    let role = el.getAttribute('role') || (el.tagName === 'INPUT' ? inputRole(el.type) : roles[el.tagName]);
+    if (role === 'link' && !el.hasAttribute('href')) role = undefined;
+    let next = depth;
+    if (role) {
+      let text = name(el).replace(/\\s+/g, ' ').trim().slice(0, 200);
+      let line = '  '.repeat(Math.min(depth, 64)) + role + (text ? ' ' + JSON.stringify(text) : '');
+      if ((el.tagName === 'INPUT' || el.tagName === 'TEXTAREA') && el.type !== 'password' && el.value)
+        line += ' = ' + JSON.stringify(String(el.value).slice(0, 200));
+      if (el.type === 'checkbox' || el.type === 'radio') line += el.checked ? ' (checked)' : '';
+      lines.push(line); next = depth + 1;
+    } else if (el.children.length === 0) {
+      const t = (el.textContent || '').replace(/\\s+/g, ' ').trim();
+      if (t) lines.push('  '.repeat(Math.min(depth, 64)) + 'text ' + JSON.stringify(t.slice(0, 200)));
+    }
+    for (const c of el.children) walk(c, next);
+  };
+  if (document.body) walk(document.body, 0);
+  return {count, text: lines.join('\\n')};
+}"""
+
+
+
 def origin_of(url: str) -> str | None:
     """``scheme://host[:port]`` of an http(s) URL (local storage is kept per origin)."""
     parts = urlsplit(url)
@@ -245,6 +329,22 @@ class PageDriver(Protocol):
 
 
 __all__ = [
-    "BOOT_VIEWPORT", "CONSOLE_KEEP", "EXTRACT_MAX_BYTES", "LOAD_TIMEOUT_S", "PageDriver", "PageError",
-    "jpeg_size", "origin_of", "selector_engine", "text_json",
+    "A11Y_OUTLINE",
+    "BOOT_VIEWPORT",
+    "CONSOLE_KEEP",
+    "EXTRACT_MAX_BYTES",
+    "FILL",
+    "FIND",
+    "LOAD_TIMEOUT_S",
+    "PAGE_SIZE",
+    "POINT",
+    "SCROLL",
+    "STORAGE",
+    "TITLE",
+    "PageDriver",
+    "PageError",
+    "jpeg_size",
+    "origin_of",
+    "selector_engine",
+    "text_json",
 ]

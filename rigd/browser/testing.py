@@ -154,6 +154,53 @@ def start_host_firefox(home: Path, timeout_s: float = 60) -> HostChromium:
         raise
 
 
+WEBKIT_DRIVER = shutil.which("WebKitWebDriver") or "/usr/bin/WebKitWebDriver"
+XVFB = shutil.which("Xvfb") or "/usr/bin/Xvfb"
+#: The host tests' X screen: big enough for the largest viewport and MiniBrowser's frame.
+XVFB_SCREEN = "2600x1700x24"
+
+
+def start_host_webkit(home: Path, timeout_s: float = 60) -> HostChromium:
+    """Start an Xvfb display and WebKitWebDriver on it (a free loopback port), in one process
+    group; blocking until the driver listens. ``ws_url`` is its ``http://`` base (the driver
+    starts MiniBrowser per session). Stop it with :func:`stop_host_chromium`."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (home / "webkit.log").open("wb")
+    display_file = home / "display"
+    display_file.unlink(missing_ok=True)
+    script = "\n".join([
+        "set -eu",
+        f'{XVFB} -displayfd 1 -screen 0 {XVFB_SCREEN} -nolisten tcp >"$1" &',
+        # Xvfb writes the display's number once it accepts clients.
+        'until grep -qx "[0-9][0-9]*" "$1" 2>/dev/null; do kill -0 $! || exit 3; sleep 0.05; done',
+        'export DISPLAY=":$(cat "$1")"',
+        f"exec {WEBKIT_DRIVER} --host=127.0.0.1 --port={port}",
+    ])
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", script, "sh", str(display_file)], stdin=subprocess.DEVNULL, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
+    host = HostChromium(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return host
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                raise RuntimeError("WebKitWebDriver did not listen: "
+                                   + (home / "webkit.log").read_text(errors="replace")[-2000:])
+            time.sleep(0.05)
+    except BaseException:
+        stop_host_chromium(host)
+        raise
+
+
 def stop_host_chromium(host: HostChromium) -> None:
     """Kill Chromium's process group (its zygote, renderers and GPU process share it)."""
     proc = host.proc
@@ -178,6 +225,7 @@ __all__ = [
     "serve_pages",
     "start_host_chromium",
     "start_host_firefox",
+    "start_host_webkit",
     "static_pages",
     "stop_host_chromium",
 ]

@@ -1,0 +1,878 @@
+"""The WebKit driver: every browser_use verb (RIGS.md §4) over WebDriver classic, on one window.
+
+How this works: :func:`open_webkit` starts a session on ``WebKitWebDriver``
+(which launches WebKitGTK's MiniBrowser in automation mode on the rig's own X
+display), pins the timeouts and the viewport and loads the start page.
+:meth:`WebKitDriver.perform` maps each parsed action to WebDriver commands
+(:class:`rigd.browser.webdriver.WebDriverConnection`, one HTTP/1.1 connection
+over the rig's port):
+
+- rigd's functions (:mod:`rigd.browser.page`, the same ones Firefox runs)
+  are called with ``execute/async`` and answer JSON text parsed here under the
+  cap. WebDriver classic has no isolated world: they run in the page's own,
+  so a page can see and disturb them; what they answer is read as untrusted
+  data, as everything from a page is;
+- pointer and key verbs are ``actions`` with the same input sources as the
+  Firefox driver and the live view (:mod:`rigd.browser.bidi_input`: the
+  shapes are WebDriver's own);
+- navigations wait for the load (``pageLoad`` strategy ``normal``); a load
+  that fails shows WebKit's error document, whose text is the verb's error.
+
+Engine limits are said in the results, not worked around: no hard reload, no
+HTTP status of a document, no console before rigd's hook is in a document
+(output logged while it loads is missed), a DOM-derived ``a11y`` extract,
+viewport-only screenshots, and wheel input that WebKitGTK's WebDriver drops
+(``scroll`` moves the scrollable box under the point by script, and says so).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+
+import rigd.verbs.browser as bv
+from rigd.browser.bidi_input import KEYBOARD_ID, MOUSE_ID, Sleep, plan_bidi, press_actions, text_actions
+from rigd.browser.firefox import fit_jpeg
+from rigd.browser.live_input import PointerState
+from rigd.browser.page import (
+    A11Y_OUTLINE,
+    BOOT_VIEWPORT,
+    CLIPBOARD_MAX_BYTES,
+    CONSOLE_ENTRY_MAX_CHARS,
+    CONSOLE_KEEP,
+    DOM_SCRIPT,
+    DRAG_STEPS,
+    EXTRACT_MAX_BYTES,
+    FILL,
+    FIND,
+    FOCUSED_EDITABLE,
+    IMAGE_MAX_BYTES,
+    LOAD_TIMEOUT_S,
+    POINT,
+    RESTORE_STORAGE,
+    SCROLL,
+    STORAGE,
+    TITLE,
+    TITLE_MAX_CHARS,
+    TITLE_TIMEOUT_S,
+    WAIT_FOR_POLL_S,
+    WHEEL_NOTCH_PX,
+    PageError,
+    check_point,
+    origin_of,
+    scroll_xy,
+    selector_engine,
+    settled,
+    text_json,
+)
+from rigd.browser.profiles import ProfileState, parse_state
+from rigd.browser.webdriver import WebDriverCommandFailed, WebDriverConnection
+from rigd.errors import Conflict, FieldError
+from rigd.model import AGENT_STILL_MAX, Display
+from rigd.protocols.cdp import CDPClosed, CDPError, CDPProtocolError
+from rigd.protocols.input import Step
+from rigd.verbs.base import (
+    Action,
+    BrowserAction,
+    ExtractKind,
+    HistoryDirection,
+    ScrollDirection,
+    is_observation,
+)
+
+log = logging.getLogger("rigd.browser.webkit")
+
+#: WebKitGTK's browser for automation (libwebkit2gtk-4.1-0 in Debian).
+MINIBROWSER = "/usr/lib/x86_64-linux-gnu/webkit2gtk-4.1/MiniBrowser"
+#: Dialogs never stall a verb: WebKit dismisses them and says so on the next command.
+PROMPTS = "dismiss and notify"
+#: Deadlines: the driver's own (script, load) are the verbs'; rigd's command deadline is
+#: longer, so the driver's ``timeout`` error comes back rather than a silent stream.
+SCRIPT_TIMEOUT_S = 30.0
+COMMAND_SLACK_S = 15.0
+SESSION_NEW_TIMEOUT_S = 120.0
+CAPTURE_TIMEOUT_S = 60.0
+#: Key actions sent in one ``actions`` command.
+KEY_CHUNK = 256
+#: How often the window is asked whether it is still there (and the connection kept used).
+ALIVE_EVERY_S = 5.0
+#: The W3C errors that mean the session or its window is gone for good.
+GONE_ERRORS = frozenset({"invalid session id", "no such window", "session not created"})
+
+NO_HARD_RELOAD = ("WebKit's WebDriver has no hard reload: a normal reload was done, so cached files "
+                  "may have been used")
+NO_STATUS = "WebKit's WebDriver does not report a document's HTTP status"
+A11Y_SOURCE = ("DOM-derived outline (WebKit exposes no accessibility tree over WebDriver): roles and "
+               "names come from elements and ARIA attributes, not the engine's tree")
+CONSOLE_LIMIT = ("WebKit's WebDriver has no console API: rigd's hook records what a document logs after "
+                 "it has loaded; output logged while a page loads (and uncaught errors before it) is missed")
+NO_FULL_PAGE = ("WebKit's WebDriver captures the viewport only: this is the visible part of the page "
+                "(scroll and take more screenshots for the rest)")
+SCRIPT_SCROLL = ("WebKitGTK's WebDriver drops wheel input: the scrollable box under the point (or the page) "
+                 "was scrolled by script, so the page got scroll events but no wheel events")
+PAGE_REALM = ("WebDriver classic has no isolated world: rigd's functions run in the page's own, where "
+              "the page can see them")
+
+#: rigd's console hook, put into each document after it loads (no earlier hook exists).
+CONSOLE_HOOK = f"""() => {{
+  if (window.__rigdConsole) return false;
+  const buf = [], keep = {CONSOLE_KEEP}, cut = {CONSOLE_ENTRY_MAX_CHARS};
+  let dropped = 0;
+  const note = line => {{ if (buf.length >= keep) {{ buf.shift(); dropped++; }}
+    buf.push(line.length > cut ? line.slice(0, cut) + ' [... ' + (line.length - cut) + ' characters cut]'
+                               : line); }};
+  const show = v => {{ try {{ return typeof v === 'string' ? v : JSON.stringify(v); }}
+                       catch (e) {{ return String(v); }} }};
+  for (const m of ['log', 'info', 'warn', 'error', 'debug']) {{
+    const orig = console[m];
+    console[m] = function (...a) {{ try {{ note('[' + m + '] ' + a.map(show).join(' ')); }} catch (e) {{}}
+      return orig.apply(this, a); }};
+  }}
+  window.addEventListener('error', e => note('[exception] ' + (e.message || 'error')));
+  window.addEventListener('unhandledrejection', e => note('[exception] ' + show(e.reason)));
+  Object.defineProperty(window, '__rigdConsole', {{value: () => {{
+    const out = {{lines: buf.splice(0), dropped}}; dropped = 0; return out; }}}});
+  return true;
+}}"""
+#: Scroll the box under (x, y) that can move that way, else the page; which one, and where it is.
+SCROLL_BY = """(x, y, dx, dy) => {
+  const movable = (el, s) =>
+    (dy && /(auto|scroll|overlay)/.test(s.overflowY) && el.scrollHeight > el.clientHeight)
+    || (dx && /(auto|scroll|overlay)/.test(s.overflowX) && el.scrollWidth > el.clientWidth);
+  const root = [document.body, document.documentElement];
+  for (let el = document.elementFromPoint(x, y); el && !root.includes(el); el = el.parentElement) {
+    if (movable(el, getComputedStyle(el))) {
+      el.scrollBy({left: dx, top: dy, behavior: 'instant'}); return 'box';
+    }
+  }
+  window.scrollBy({left: dx, top: dy, behavior: 'instant'});
+  return 'page';
+}"""
+#: What a failed load leaves: WebKit's error document is ``about:blank`` with the reason as text.
+LOAD_STATE = """() => [location.href.substring(0, 8192),
+  document.body ? document.body.innerText.substring(0, 300) : '', document.readyState]"""
+#: A mark on the current document (history: did the document change?).
+MARK = "(token) => { window.__rigdMark = token; return true; }"
+MARKED = "() => window.__rigdMark || null"
+#: The page's own view of its viewport.
+INNER = "() => [window.innerWidth, window.innerHeight, window.outerWidth, window.outerHeight]"
+
+
+def _call(function: str) -> str:
+    """An ``execute/async`` body: call ``function`` with the command's arguments and answer its
+    (awaited) value as JSON text, or ``{"__rigdThrew": why}``."""
+    return ("const a = Array.prototype.slice.call(arguments, 0, -1),\n"
+            "  done = arguments[arguments.length - 1];\n"
+            f"Promise.resolve().then(() => ({function}).apply(null, a)).then(\n"
+            "  v => done(JSON.stringify(v === undefined ? null : v)),\n"
+            "  e => done(JSON.stringify({__rigdThrew: String(e && e.message || e).substring(0, 300)})));")
+
+
+class _ScriptError(CDPError):
+    """A function rigd ran in the page threw (the page may have broken the document)."""
+
+
+def parse_answer(raw: Any) -> Any:
+    """The JSON a rigd function answered (as text); a throw is an error."""
+    if not isinstance(raw, str):
+        raise CDPProtocolError("execute: a rigd function answered something other than JSON text")
+    if len(raw) > IMAGE_MAX_BYTES * 2:
+        raise CDPProtocolError("execute: a rigd function's answer is over the cap")
+    try:
+        got = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CDPProtocolError("execute: a rigd function's answer is not JSON") from exc
+    if isinstance(got, dict) and set(got) == {"__rigdThrew"}:
+        raise _ScriptError(str(got["__rigdThrew"])[:300])
+    return got
+
+
+def cookie_to_saved(raw: object) -> dict[str, Any] | None:
+    """A WebDriver cookie as a saved (CDP-shaped) one; None for what does not check."""
+    if not isinstance(raw, dict):
+        return None
+    name, value, domain = raw.get("name"), raw.get("value"), raw.get("domain")
+    if not (isinstance(name, str) and isinstance(value, str) and isinstance(domain, str)):
+        return None
+    out: dict[str, Any] = {"name": name, "value": value, "domain": domain,
+                           "path": raw.get("path") if isinstance(raw.get("path"), str) else "/",
+                           "httpOnly": raw.get("httpOnly") is True, "secure": raw.get("secure") is True}
+    same = raw.get("sameSite")
+    if same in ("Strict", "Lax") or (same == "None" and out["secure"]):
+        out["sameSite"] = same
+    expiry = raw.get("expiry")
+    if isinstance(expiry, int) and not isinstance(expiry, bool) and 0 < expiry < 2**40:
+        out["expires"] = float(expiry)
+    return out
+
+
+def cookie_to_webdriver(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved cookie as ``POST /cookie``'s ``cookie``."""
+    out: dict[str, Any] = {"name": saved["name"], "value": saved["value"], "domain": saved["domain"],
+                           "path": saved.get("path", "/"), "httpOnly": bool(saved.get("httpOnly")),
+                           "secure": bool(saved.get("secure"))}
+    same = saved.get("sameSite")
+    if same in ("Strict", "Lax") or (same == "None" and out["secure"]):
+        out["sameSite"] = same
+    expires = saved.get("expires")
+    if isinstance(expires, int | float) and not isinstance(expires, bool) and expires > 0:
+        out["expiry"] = int(expires)
+    return out
+
+
+def one_code_point_keys(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Key actions with one code point per key: WebKit refuses a key whose value is a grapheme
+    cluster of several (``e`` + combining acute, a ZWJ emoji), so a cluster is pressed code
+    point by code point (the field gets the same text)."""
+    out: list[dict[str, Any]] = []
+    for action in actions:
+        value = action.get("value")
+        if not (isinstance(value, str) and len(value) > 1):
+            out.append(action)
+        elif action.get("type") == "keyDown":
+            for cp in value[:-1]:
+                out += [{"type": "keyDown", "value": cp}, {"type": "keyUp", "value": cp}]
+            out.append({"type": "keyDown", "value": value[-1]})
+        else:
+            out.append({**action, "value": value[-1]})
+    return out
+
+
+class WebKitDriver:
+    """The browser_use verbs on one WebKit window. Made by :func:`open_webkit`."""
+
+    def __init__(self, conn: WebDriverConnection, session: str, *, viewport: Display = BOOT_VIEWPORT,
+                 version: str = "") -> None:
+        self.conn = conn
+        self.session = session
+        self.viewport = viewport
+        self.version = version
+        self.pointer: tuple[int, int] = (0, 0)
+        self.button_down = False
+        self.load_timeout_s = LOAD_TIMEOUT_S
+        self._console: list[str] = []
+        self._console_dropped = 0
+        self._input_lock = trio.Lock()
+        self._gone: str | None = None
+        self._gone_event = trio.Event()
+        #: Saved local storage to put back into each document of a saved origin (a profile).
+        self._restore: dict[str, dict[str, str]] = {}
+        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
+            spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
+        }
+
+    # -- plumbing --
+
+    async def _cmd(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                   timeout: float | None = None) -> Any:
+        """One session command; a dialog WebKit dismissed is noted in the console and the
+        command sent again (once)."""
+        for attempt in (1, 2):
+            try:
+                return await self.conn.command(method, f"/session/{self.session}{path}", body,
+                                               timeout=timeout)
+            except WebDriverCommandFailed as exc:
+                if exc.error == "unexpected alert open" and attempt == 1:
+                    said = exc.data.get("text")
+                    self._note_console(f"[dialog] {str(said)[:500] if isinstance(said, str) else ''}")
+                    continue
+                if exc.error in GONE_ERRORS:
+                    self._end(f"the page's window is gone ({exc.error})")
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _end(self, why: str) -> None:
+        if self._gone is None:
+            self._gone = why
+            self._gone_event.set()
+
+    async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Ask every :data:`ALIVE_EVERY_S` whether the window is there (WebDriver pushes nothing)."""
+        task_status.started()
+        while self._gone is None:
+            await trio.sleep(ALIVE_EVERY_S)
+            try:
+                await self._cmd("GET", "/window", timeout=30)
+            except CDPClosed as exc:
+                self._end(str(exc)[:300])
+            except CDPError:
+                continue  # a busy page answers late, not never: the connection's end is what counts
+
+    async def ended(self) -> str:
+        await self._gone_event.wait()
+        return self._gone or "the page's window ended"
+
+    async def _script(self, function: str, *args: Any, timeout: float | None = None) -> Any:
+        """A function's JSON answer, run in the page (WebDriver classic has no isolated world)."""
+        raw = await self._cmd("POST", "/execute/async", {"script": _call(function), "args": list(args)},
+                              timeout=(timeout or SCRIPT_TIMEOUT_S) + COMMAND_SLACK_S)
+        return parse_answer(raw)
+
+    async def _url(self) -> str:
+        got = await self._cmd("GET", "/url")
+        if not isinstance(got, str):
+            raise CDPProtocolError("GET url: not a string")
+        return got[:1 << 20]
+
+    async def _page_json(self) -> dict[str, Any]:
+        url = await self._url()
+        title = ""
+        with contextlib.suppress(CDPError):
+            got = await self._script(TITLE, timeout=TITLE_TIMEOUT_S)
+            if isinstance(got, str):
+                title = got
+        return {"url": url[:8192], "title": text_json(title[:TITLE_MAX_CHARS], 4096)}
+
+    async def _actions(self, *sources: dict[str, Any]) -> None:
+        await self._cmd("POST", "/actions", {"actions": list(sources)}, timeout=60)
+
+    @staticmethod
+    def _mouse(actions: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"type": "pointer", "id": MOUSE_ID, "parameters": {"pointerType": "mouse"}, "actions": actions}
+
+    @staticmethod
+    def _move(point: tuple[int, int]) -> dict[str, Any]:
+        return {"type": "pointerMove", "x": point[0], "y": point[1], "origin": "viewport"}
+
+    async def perform(self, action: Action) -> dict[str, Any]:
+        handler = self.verbs.get(action.verb)
+        if handler is None or not isinstance(action, BrowserAction):
+            raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
+        try:
+            return await handler(action)
+        finally:
+            if not is_observation(action) and self._gone is None:
+                # Whatever document the verb left gets rigd's console hook (and a profile's storage).
+                with contextlib.suppress(CDPError):
+                    await self._prepare_document()
+
+    async def _prepare_document(self) -> None:
+        await self._script(CONSOLE_HOOK, timeout=5)
+        if self._restore:
+            url = await self._url()
+            origin = origin_of(url)
+            if origin is not None and origin in self._restore:
+                source = RESTORE_STORAGE.replace("__SAVED__", json.dumps({origin: self._restore[origin]}))
+                await self._script(f"() => {{ {source} }}", timeout=5)
+
+    # -- loads --
+
+    async def _load(self, method: str, path: str, body: dict[str, Any] | None, verb: str,
+                    url: str | None) -> bool:
+        """Run a loading command; whether the load finished within the verb's timeout. A load
+        that failed (WebKit's error document) raises naming the host and WebKit's reason."""
+        loaded = True
+        try:
+            await self._cmd(method, path, body, timeout=self.load_timeout_s + COMMAND_SLACK_S)
+        except WebDriverCommandFailed as exc:
+            if exc.error != "timeout":
+                raise PageError(f"{verb}: {exc.cdp_message[:300]}") from exc
+            loaded = False
+        got = await self._script(LOAD_STATE, timeout=5)
+        failed = isinstance(got, list) and len(got) == 3 and got[0] == "about:blank"
+        if failed and url not in (None, "about:blank"):
+            host = urlsplit(url or "").hostname or "the page"
+            said = str(got[1]).strip()[:200] or "the connection failed or was refused"
+            hint = (" (names outside the rig's egress allowlist do not resolve)"
+                    if "resolv" in said.lower() else "")
+            raise PageError(f"{verb}: {host} did not load: {said}{hint}")
+        return loaded
+
+    def _load_note(self, out: dict[str, Any], loaded: bool) -> dict[str, Any]:
+        notes = [NO_STATUS] if "status" in out else []
+        if not loaded:
+            notes.insert(0, f"the page had not finished loading within {self.load_timeout_s:g} s; "
+                            "it may still be loading")
+        if notes:
+            out["note"] = "; ".join(notes)
+        return out
+
+    async def _do_navigate(self, a: bv.BrowserNavigate) -> dict[str, Any]:
+        before = await self._url()
+        loaded = await self._load("POST", "/url", {"url": a.url}, "navigate", a.url)
+        out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": None}
+        out = self._load_note(out, loaded)
+        if loaded and before.partition("#")[0] == a.url.partition("#")[0] and "#" in a.url:
+            out["note"] = ("a same-document navigation (a fragment): nothing loaded; " + out.get("note", ""))
+        return out
+
+    async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
+        url = await self._url()
+        loaded = await self._load("POST", "/refresh", {}, "reload", url)
+        out: dict[str, Any] = {**await self._page_json(), "hard": False, "loaded": loaded}
+        out = self._load_note(out, loaded)
+        if a.hard:
+            out["note"] = NO_HARD_RELOAD + ("; " + out["note"] if "note" in out else "")
+        return out
+
+    async def _do_stop_loading(self, _a: bv.BrowserStopLoading) -> dict[str, Any]:
+        await self._script("() => { window.stop(); }")
+        return {**await self._page_json(), "stopped": True}
+
+    # -- elements --
+
+    async def _element_point(self, selector: str) -> tuple[int, int]:
+        engine, body = selector_engine(selector)
+        got = await self._script(POINT, engine, body)
+        if not isinstance(got, dict) or got.get("invalid"):
+            raise FieldError("action.selector", "is not a valid " + ("XPath expression" if engine == "xpath"
+                                                                      else f"{engine} selector"))
+        if not got.get("found"):
+            raise FieldError("action.selector", "matches no element on the page")
+        x, y = got.get("x"), got.get("y")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in (x, y)):
+            raise FieldError("action.selector", "matches an element that is not rendered (it has no box)")
+        assert isinstance(x, int | float) and isinstance(y, int | float)
+        px, py = math.floor(x), math.floor(y)
+        if not (0 <= px < self.viewport.width and 0 <= py < self.viewport.height):
+            raise FieldError("action.selector", f"matches an element whose centre ({px}, {py}) is outside "
+                                                f"the {self.viewport.width}x{self.viewport.height} viewport")
+        return px, py
+
+    # -- pointer --
+
+    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
+        async with self._input_lock:
+            if a.selector is not None:
+                point = await self._element_point(a.selector)
+            else:
+                assert a.coordinate is not None
+                point = a.coordinate
+                check_point(self.viewport, point, "action.coordinate")
+            await self._actions(self._mouse([self._move(point), {"type": "pointerDown", "button": 0},
+                                             {"type": "pointerUp", "button": 0}]))
+            self.pointer, self.button_down = point, False
+        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
+        if a.selector is not None:
+            out["selector"] = a.selector
+        return out
+
+    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
+        check_point(self.viewport, a.coordinate, "action.coordinate")
+        async with self._input_lock:
+            await self._actions(self._mouse([self._move(a.coordinate)]))
+            self.pointer = a.coordinate
+        return {"coordinate": list(a.coordinate)}
+
+    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
+        check_point(self.viewport, a.start, "action.start_coordinate")
+        check_point(self.viewport, a.end, "action.coordinate")
+        steps: list[dict[str, Any]] = [self._move(a.start), {"type": "pointerDown", "button": 0}]
+        for step in range(1, DRAG_STEPS + 1):
+            steps.append({**self._move((a.start[0] + (a.end[0] - a.start[0]) * step // DRAG_STEPS,
+                                        a.start[1] + (a.end[1] - a.start[1]) * step // DRAG_STEPS)),
+                          "duration": 20})
+        steps.append({"type": "pointerUp", "button": 0})
+        async with self._input_lock:
+            await self._actions(self._mouse(steps))
+            self.pointer, self.button_down = a.end, False
+        return {"from": list(a.start), "to": list(a.end)}
+
+    async def _button(self, down: bool) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._actions(self._mouse([self._move(self.pointer),
+                                             {"type": "pointerDown" if down else "pointerUp", "button": 0}]))
+            self.button_down = down
+        return {"coordinate": list(self.pointer), "button": "left", "down": down}
+
+    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
+        return await self._button(True)
+
+    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
+        return await self._button(False)
+
+    async def _scroll_by(self, point: tuple[int, int], dx: int, dy: int) -> str:
+        got = await self._script(SCROLL_BY, point[0], point[1], dx, dy)
+        return got if got in ("box", "page") else "page"
+
+    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
+        point = a.coordinate if a.coordinate is not None else self.pointer
+        check_point(self.viewport, point, "action.coordinate")
+        px = a.amount * WHEEL_NOTCH_PX
+        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
+                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
+        async with self._input_lock:
+            if point != self.pointer:
+                await self._actions(self._mouse([self._move(point)]))
+                self.pointer = point
+            moved = await self._scroll_by(point, dx, dy)
+        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point),
+                               "via": "script", "scrolled": moved, "note": SCRIPT_SCROLL}
+        position = await settled(self._scroll_position)
+        if position is not None:
+            out["scrollPosition"] = {"x": position[0], "y": position[1]}
+        return out
+
+    async def _scroll_position(self) -> tuple[int, int] | None:
+        return scroll_xy(await self._script(SCROLL))
+
+    # -- keyboard --
+
+    async def _keys(self, actions: list[dict[str, Any]]) -> None:
+        actions = one_code_point_keys(actions)
+        for i in range(0, len(actions), KEY_CHUNK):
+            await self._actions({"type": "key", "id": KEYBOARD_ID, "actions": actions[i:i + KEY_CHUNK]})
+
+    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
+        actions = text_actions(a.text)
+        focused = await self._script(f"() => {FOCUSED_EDITABLE}") is True
+        async with self._input_lock:
+            await self._keys(actions)
+        out: dict[str, Any] = {"characters": len(a.text), "via": "key actions", "focusedEditable": focused}
+        if not focused:
+            out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
+                           "have gone nowhere; click the field (or use fill) first")
+        return out
+
+    async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
+        engine, body = selector_engine(a.selector)
+        actions = text_actions(a.text)
+        async with self._input_lock:
+            verdict = await self._script(FILL, engine, body, not a.text)
+            if verdict == "invalid":
+                raise FieldError("action.selector", f"is not a valid {engine} selector")
+            if verdict == "missing":
+                raise FieldError("action.selector", "matches no element on the page")
+            if verdict == "disabled":
+                raise FieldError("action.selector", "matches a field that is disabled or read-only")
+            if verdict != "ok":
+                raise FieldError("action.selector", f"matches an element that is {str(verdict)[:80]}; fill "
+                                                    "takes an input, textarea or contenteditable element")
+            await self._keys(actions)
+        return {"selector": a.selector, "characters": len(a.text)}
+
+    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._keys(press_actions(a.combo))
+        return {"key": str(a.combo)}
+
+    # -- observations --
+
+    def _note_console(self, line: str) -> None:
+        if len(self._console) >= CONSOLE_KEEP:
+            self._console.pop(0)
+            self._console_dropped += 1
+        self._console.append(line[:CONSOLE_ENTRY_MAX_CHARS])
+
+    async def _read_console(self) -> None:
+        """Move what the document's hook holds into the driver's buffer (and hook a new document)."""
+        got = await self._script("() => window.__rigdConsole ? window.__rigdConsole() : null", timeout=10)
+        if isinstance(got, dict):
+            lines = got.get("lines")
+            for line in lines if isinstance(lines, list) else []:
+                if isinstance(line, str):
+                    self._note_console(line)
+            dropped = got.get("dropped")
+            if isinstance(dropped, int) and not isinstance(dropped, bool) and 0 < dropped < 2**31:
+                self._console_dropped += dropped
+        else:
+            await self._script(CONSOLE_HOOK, timeout=5)
+
+    async def _do_extract(self, a: bv.BrowserExtract) -> dict[str, Any]:
+        page = await self._page_json()
+        if a.kind is ExtractKind.DOM:
+            got = await self._script(f"() => {DOM_SCRIPT % EXTRACT_MAX_BYTES}", timeout=30)
+            if not (isinstance(got, dict) and isinstance(got.get("html"), str)
+                    and isinstance(got.get("length"), int)):
+                raise CDPProtocolError("extract dom: the page's answer has no html")
+            content = text_json(got["html"], EXTRACT_MAX_BYTES)
+            if got["length"] > len(got["html"]):
+                content["truncated"] = True
+                content["note"] = (f"the document's HTML is {got['length']} characters; only the first "
+                                   f"{EXTRACT_MAX_BYTES} bytes were kept")
+            return {"kind": "dom", **page, "content": content}
+        if a.kind is ExtractKind.A11Y:
+            got = await self._script(A11Y_OUTLINE, 100_000, timeout=30)
+            if not (isinstance(got, dict) and isinstance(got.get("text"), str)):
+                raise CDPProtocolError("extract a11y: the page's answer has no outline")
+            count = got.get("count")
+            return {"kind": "a11y", **page, "source": A11Y_SOURCE,
+                    "nodes": count if isinstance(count, int) else 0,
+                    "content": text_json(got["text"], EXTRACT_MAX_BYTES)}
+        await self._read_console()
+        lines, dropped = self._console, self._console_dropped
+        self._console, self._console_dropped = [], 0
+        notes = [CONSOLE_LIMIT]
+        if dropped:
+            notes.append(f"{dropped} older console entries were dropped (at most {CONSOLE_KEEP} are kept)")
+        return {"kind": "console", **page, "entries": len(lines),
+                "since": "the previous console extract (or the rig's start)",
+                "content": text_json("\n".join(lines), EXTRACT_MAX_BYTES), "note": "; ".join(notes)}
+
+    async def _screenshot(self, max_w: int, max_h: int, quality: int) -> tuple[bytes, int, int]:
+        raw = await self._cmd("GET", "/screenshot", timeout=CAPTURE_TIMEOUT_S)
+        if not isinstance(raw, str) or len(raw) > IMAGE_MAX_BYTES * 4 // 3 + 4:
+            raise CDPProtocolError("screenshot: the image is not base64 text under the cap")
+        try:
+            data = base64.b64decode(raw, validate=True)
+        except ValueError as exc:
+            raise CDPProtocolError("screenshot: the image is not base64") from exc
+        # WebKit's stills are PNG: transcoded to JPEG here, on the host.
+        return await trio.to_thread.run_sync(fit_jpeg, data, max_w, max_h, quality)
+
+    async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
+        cap = AGENT_STILL_MAX
+        data, iw, ih = await self._screenshot(cap.width, cap.height, 75)
+        notes = ["scale is CSS pixels per image pixel: image point (x, y) is viewport point "
+                 "(x*scale, y*scale)"]
+        if a.full_page:
+            notes.append(NO_FULL_PAGE)
+        return {
+            "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
+            "display": self.viewport.to_json(),
+            "imageSize": {"width": iw, "height": ih},
+            "scale": round(self.viewport.width / iw, 6),
+            "fullPage": False,
+            "source": "webdriver",
+            "note": "; ".join(notes),
+        }
+
+    async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
+        return await self._screenshot(max_w, max_h, quality)
+
+    async def _inner(self) -> tuple[int, int, int, int]:
+        got = await self._script(INNER)
+        if not (isinstance(got, list) and len(got) == 4
+                and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100_000 for v in got)):
+            raise CDPProtocolError("set_viewport: the page's size is not four integers")
+        return got[0], got[1], got[2], got[3]
+
+    async def _set_viewport(self, size: Display) -> None:
+        """Size the window so its page is ``size`` (the window adds its own frame)."""
+        for _ in range(3):
+            iw, ih, ow, oh = await self._inner()
+            if (iw, ih) == (size.width, size.height):
+                return
+            await self._cmd("POST", "/window/rect", {"width": size.width + (ow - iw),
+                                                     "height": size.height + (oh - ih)}, timeout=30)
+        iw, ih, _ow, _oh = await self._inner()
+        if (iw, ih) != (size.width, size.height):
+            raise PageError(f"the page reports a {iw}x{ih} viewport after set_viewport "
+                            f"{size.width}x{size.height}")
+
+    async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
+        size = Display(a.width, a.height)
+        changed = size != self.viewport
+        try:
+            await self._set_viewport(size)
+        except PageError:
+            # MiniBrowser's window has a floor (its toolbar): say so, and put the old size back.
+            iw, ih, _ow, _oh = await self._inner()
+            await self._set_viewport(self.viewport)
+            for field, want, got in (("action.width", a.width, iw), ("action.height", a.height, ih)):
+                if got > want:
+                    raise FieldError(field, f"WebKit's window cannot make the page narrower than {got} px "
+                                            f"wide here (its toolbar sets the floor); give {got} or more"
+                                     if field == "action.width" else
+                                     f"WebKit's window cannot make the page shorter than {got} px here; "
+                                     f"give {got} or more") from None
+            raise
+        self.viewport = size
+        self.pointer = (min(self.pointer[0], a.width - 1), min(self.pointer[1], a.height - 1))
+        return {"display": size.to_json(), "changed": changed}
+
+    async def _do_history(self, a: bv.BrowserHistory) -> dict[str, Any]:
+        back = a.direction is HistoryDirection.BACK
+        token = secrets.token_hex(8)
+        await self._script(MARK, token)
+        try:
+            await self._cmd("POST", "/back" if back else "/forward", {},
+                            timeout=self.load_timeout_s + COMMAND_SLACK_S)
+            loaded = True
+        except WebDriverCommandFailed as exc:
+            if exc.error != "timeout":
+                raise
+            loaded = False
+        if loaded and await self._script(MARKED) == token:
+            # The same document, still marked: there was no page to go to.
+            raise FieldError("action.direction", f"there is no {'earlier' if back else 'later'} page "
+                                                 "in this window's history")
+        out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
+        if not loaded:
+            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
+        return out
+
+    async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
+        engine, body = selector_engine(a.selector)
+        start = trio.current_time()
+        found = False
+        with trio.move_on_after(a.timeout_s):
+            while True:
+                with contextlib.suppress(CDPError):
+                    got = await self._script(FIND, engine, body)
+                    if isinstance(got, dict) and got.get("invalid"):
+                        raise FieldError("action.selector", f"is not a valid {engine} selector")
+                    found = isinstance(got, dict) and got.get("found") is True
+                if found:
+                    break
+                await trio.sleep(WAIT_FOR_POLL_S)
+        out: dict[str, Any] = {"selector": a.selector, "found": found,
+                               "waitedS": round(trio.current_time() - start, 3)}
+        if not found:
+            out["note"] = f"no element matched within {a.timeout_s:g} s"
+        return out
+
+    # -- clipboard --
+
+    async def _secure_origin(self, verb: str) -> None:
+        parts = urlsplit(await self._url())
+        if parts.scheme == "http":
+            raise Conflict(
+                f"{verb}: this page is served over plain http://, which has no Clipboard API (it is not "
+                "a secure context); use type, which inserts at the caret without the clipboard",
+                reason="not a secure context", field="action.action",
+            )
+        if parts.scheme != "https" or await self._script("() => window.isSecureContext") is not True:
+            raise Conflict(f"{verb}: this page ({parts.scheme}:) is not a secure https:// context, so it has "
+                           "no Clipboard API; use type instead", reason="not a secure context",
+                           field="action.action")
+
+    async def _clipboard(self, verb: str, function: str, *args: Any) -> Any:
+        await self._secure_origin(verb)
+        try:
+            return await self._script(function, *args)
+        except _ScriptError as exc:
+            if "NotAllowed" in str(exc) or "not allowed" in str(exc).lower():
+                raise Conflict(f"{verb}: WebKit lets a page use the Clipboard API only during a person's "
+                               "gesture, and WebDriver's scripts are not one; use type (or fill) to enter "
+                               "text", reason="engine limit", field="action.action") from exc
+            raise
+
+    async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
+        text = await self._clipboard("clipboard_read", "() => navigator.clipboard.readText()")
+        if not isinstance(text, str):
+            raise CDPProtocolError("clipboard_read: the page's answer is not text")
+        return {"selection": "clipboard", "content": text_json(text, CLIPBOARD_MAX_BYTES)}
+
+    async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
+        await self._clipboard("clipboard_write", "(t) => navigator.clipboard.writeText(t)", a.text)
+        return {"selection": "clipboard", "bytes": len(a.text.encode())}
+
+    # -- a person's live-view input --
+
+    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
+        size = (self.viewport.width, self.viewport.height)
+        commands, after = plan_bidi(steps, size, state)
+        try:
+            async with self._input_lock:
+                for command in commands:
+                    if isinstance(command, Sleep):
+                        await trio.sleep(command.seconds)
+                        continue
+                    for source in command:
+                        if source.get("type") == "wheel":  # dropped by WebKitGTK's WebDriver
+                            for s in source.get("actions", ()):
+                                await self._scroll_by((int(s["x"]), int(s["y"])),
+                                                      int(s["deltaX"]), int(s["deltaY"]))
+                        else:
+                            await self._actions(source)
+        finally:
+            self.pointer = (after.x, after.y)
+            self.button_down = bool(after.buttons & 1)
+        return after
+
+    # -- profiles (rigd.browser.profiles): over WebDriver, never as guest files --
+
+    async def export_profile(self, previous: ProfileState | None = None) -> ProfileState:
+        """Cookies WebDriver shows (the current document's; others kept from ``previous``), the
+        current origin's local storage and the window's page (WebKit keeps one window)."""
+        url = await self._url()
+        raw = await self._cmd("GET", "/cookie", timeout=30)
+        seen = [c for c in (cookie_to_saved(r) for r in (raw if isinstance(raw, list) else [])) if c]
+        keys = {(c["name"], c["domain"], c["path"]) for c in seen}
+        kept = [c for c in (previous.cookies if previous is not None else [])
+                if (c.get("name"), c.get("domain"), c.get("path", "/")) not in keys
+                and not _cookie_for(c, url)]
+        storage = dict(previous.storage) if previous is not None else {}
+        origin = origin_of(url)
+        if origin is not None:
+            items = await self._script(STORAGE, timeout=30)
+            if isinstance(items, dict) and items:
+                storage[origin] = items
+            else:
+                storage.pop(origin, None)
+        return parse_state({"cookies": [*kept, *seen], "tabs": [url], "storage": storage})
+
+    async def import_profile(self, state: ProfileState) -> list[str]:
+        problems: list[str] = []
+        for cookie in state.cookies:
+            try:
+                await self._cmd("POST", "/cookie", {"cookie": cookie_to_webdriver(cookie)}, timeout=30)
+            except (WebDriverCommandFailed, KeyError) as exc:
+                problems.append(f"cookie {str(cookie.get('name'))[:60]}: {str(exc)[:200]}")
+        self._restore = {k: dict(v) for k, v in state.storage.items()}
+        if len(state.tabs) > 1:
+            problems.append(f"{len(state.tabs) - 1} more tabs were saved; a WebKit rig reopens the "
+                            "first page only (it drives one window)")
+        return problems
+
+
+def _cookie_for(cookie: dict[str, Any], url: str) -> bool:
+    """Whether WebDriver would have shown ``cookie`` for ``url`` (so its absence means it is gone)."""
+    host = (urlsplit(url).hostname or "").lower()
+    domain = str(cookie.get("domain", "")).lower().lstrip(".")
+    return bool(host) and (host == domain or host.endswith("." + domain))
+
+
+@contextlib.asynccontextmanager
+async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIEWPORT,
+                      start_url: str | None = None, binary: str = MINIBROWSER,
+                      insecure_certs: bool = False) -> AsyncIterator[WebKitDriver]:
+    """A WebDriver session (the browser's window) and its driver, with its watch running
+    (``insecure_certs``: accept any certificate — the host tests' own CA, never a rig)."""
+    caps = {"alwaysMatch": {
+        "acceptInsecureCerts": insecure_certs, "pageLoadStrategy": "normal",
+        "unhandledPromptBehavior": PROMPTS,
+        "webkitgtk:browserOptions": {"binary": binary, "args": ["--automation"]},
+    }}
+    got = await conn.command("POST", "/session", {"capabilities": caps}, timeout=SESSION_NEW_TIMEOUT_S)
+    if not (isinstance(got, dict) and isinstance(got.get("sessionId"), str)
+            and 0 < len(got["sessionId"]) <= 128 and got["sessionId"].replace("-", "").isalnum()):
+        raise CDPProtocolError("POST session: the answer names no session")
+    capabilities = got.get("capabilities")
+    version = capabilities.get("browserVersion") if isinstance(capabilities, dict) else None
+    driver = WebKitDriver(conn, got["sessionId"], viewport=viewport,
+                          version=str(version)[:64] if isinstance(version, str) else "")
+    body_error: Exception | None = None
+    try:
+        await driver._cmd("POST", "/timeouts", {"script": int(SCRIPT_TIMEOUT_S * 1000),
+                                                "pageLoad": int(LOAD_TIMEOUT_S * 1000), "implicit": 0})
+        await driver._set_viewport(viewport)
+        if start_url is not None:
+            await driver._cmd("POST", "/url", {"url": start_url}, timeout=LOAD_TIMEOUT_S + COMMAND_SLACK_S)
+        await driver._script(CONSOLE_HOOK, timeout=5)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(driver.watch)
+            try:
+                yield driver
+            except Exception as exc:
+                body_error = exc
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        if conn.closed is None:
+            with trio.move_on_after(5), contextlib.suppress(CDPError):
+                await conn.command("DELETE", f"/session/{driver.session}", timeout=5)
+    if body_error is not None:
+        raise body_error
+
+
+__all__ = [
+    "MINIBROWSER",
+    "WebKitDriver",
+    "cookie_to_saved",
+    "cookie_to_webdriver",
+    "one_code_point_keys",
+    "open_webkit",
+    "parse_answer",
+]
