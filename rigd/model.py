@@ -204,7 +204,7 @@ BUILT_SURFACES: frozenset[Surface] = frozenset({Surface.TERMINAL, Surface.BROWSE
 
 #: Browser engines this build starts (the others parse, and are refused at ``rig.open``
 #: naming ``engine``: their automation clients are not built yet).
-BUILT_ENGINES: frozenset[Engine] = frozenset({Engine.CHROMIUM, Engine.FIREFOX})
+BUILT_ENGINES: frozenset[Engine] = frozenset({Engine.CHROMIUM, Engine.FIREFOX, Engine.WEBKIT})
 DEFAULT_ENGINE = Engine.CHROMIUM
 
 #: The revision of the terminal toolkit baked into packs; part of the pack key.

@@ -13,8 +13,11 @@ again) until it answers, the engine dies, or the boot deadline passes.
 Chromium (``--headless=new``, DevTools on guest loopback 9223) is driven
 over CDP; Firefox ESR (its remote agent on guest loopback 9223, WebDriver
 BiDi at ``/session``) over BiDi, through the same Trio connection
-(:class:`rigd.browser.cdp.CDPConnection` with :class:`rigd.protocols.bidi.BiDiProtocol`).
-Either way one socat relay in the guest (9222 → 9223) and the rig's own
+(:class:`rigd.browser.cdp.CDPConnection` with :class:`rigd.protocols.bidi.BiDiProtocol`);
+WebKit (``WebKitWebDriver`` on guest loopback 9223, driving MiniBrowser on the
+guest's own Xvfb display) over WebDriver classic
+(:class:`rigd.browser.webdriver.WebDriverConnection`, one keep-alive HTTP/1.1
+connection). Every way one socat relay in the guest (9222 → 9223) and the rig's own
 virtio-serial port are the only path in; the engine's page driver
 (:class:`rigd.browser.page.PageDriver`) does the verbs. Warm starts are off
 for browser rigs until a snapshot with a running engine is measured.
@@ -28,7 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -41,12 +44,14 @@ from rigd.backends.qemu import QemuConfig, timeouts_for
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
 from rigd.backends.smolvm import rig_argv
 from rigd.backends.warm import SnapshotService
-from rigd.browser.cdp import CDPConnection, open_cdp
+from rigd.browser.cdp import open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
 from rigd.browser.firefox import open_firefox, user_js
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import PageDriver
 from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
+from rigd.browser.webdriver import WebDriverConnection
+from rigd.browser.webkit import MINIBROWSER, open_webkit
 from rigd.errors import BackendError, FieldError, RigdError
 from rigd.frames import Changes, Lane, Still
 from rigd.images.browser import BrowserAssets, Engine
@@ -161,6 +166,48 @@ def firefox_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
     ])
 
 
+#: WebKit's X display in the guest (WebKitGTK has no headless mode): big enough for the largest
+#: viewport (2560x1600) and MiniBrowser's own frame; nothing listens on TCP.
+WEBKIT_DISPLAY = ":99"
+WEBKIT_SCREEN = "2600x1700x24"
+XVFB_LOG = "/run/rigd-xvfb.log"
+
+
+def webkit_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
+    """The shell script (run as root by the agent) that starts an X display (Xvfb, no TCP)
+    and ``WebKitWebDriver --host 127.0.0.1`` on guest loopback ``port`` on it, both as
+    :data:`BROWSER_USER` in a fresh home, and prints that directory. The driver starts
+    MiniBrowser when rigd opens its session. As :func:`chromium_launch_script` otherwise;
+    the engine's pid is the driver's (MiniBrowser is its child)."""
+    u = shlex.quote(BROWSER_USER)
+    as_user = (f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all "
+               'env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 XDG_RUNTIME_DIR="$p/run"')
+    n = WEBKIT_DISPLAY.lstrip(":")
+    return "\n".join([
+        "set -eu",
+        "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
+        'mkdir -m 0700 "$p/run"',
+        f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
+        f'chown -R {u}:{u} "$p"',
+        'chmod 0700 "$p"',
+        "mkdir -p -m 1777 /tmp/.X11-unix",
+        f"{as_user} /usr/bin/Xvfb {WEBKIT_DISPLAY} -screen 0 {WEBKIT_SCREEN} -nolisten tcp \\",
+        f"  </dev/null >{XVFB_LOG} 2>&1 &",
+        "x=$!",
+        # The display accepts clients once its socket is there (a condition, bounded).
+        "i=0",
+        f'until [ -S /tmp/.X11-unix/X{n} ]; do',
+        f'  kill -0 "$x" 2>/dev/null || {{ tail -c 1000 {XVFB_LOG} >&2; exit 3; }}',
+        '  i=$((i+1)); [ "$i" -lt 600 ] || { echo "the X display never started" >&2; exit 4; }',
+        "  sleep 0.05",
+        "done",
+        f"{as_user} DISPLAY={WEBKIT_DISPLAY} /usr/bin/WebKitWebDriver --host=127.0.0.1 --port={port} \\",
+        f"  </dev/null >{LOG_FILE} 2>&1 &",
+        f"echo $! >{PID_FILE}",
+        'printf "%s\\n" "$p"',
+    ])
+
+
 def devtools_probe_script(port: int = GUEST_DEVTOOLS_PORT, *, any_answer: bool = False) -> str:
     """Exit 0 with DevTools' ``/json/version`` on stdout (``any_answer``: once the port answers
     HTTP at all — Firefox's remote agent has no ``/json``); 1 when it does not answer
@@ -245,6 +292,12 @@ RELAY_START_S = 120.0
 WATCH_S = 3600.0
 
 
+class EngineConnection(Protocol):
+    """What the rig watches of an engine's connection (CDP, BiDi or WebDriver's): its end."""
+
+    async def wait_ended(self) -> str: ...
+
+
 @dataclass
 class BrowserDriver:
     """The browser's half of a running machine: the engine, its DevTools connection
@@ -307,15 +360,19 @@ class BrowserDriver:
     def firefox(self) -> bool:
         return self.engine is Engine.FIREFOX_ESR
 
+    @property
+    def webkit(self) -> bool:
+        return self.engine is Engine.WEBKIT
+
     async def ready(self, progress: Callable[[str], None], *, warm: bool, left_s: float) -> None:
-        if self.engine not in (Engine.CHROMIUM, Engine.FIREFOX_ESR):
+        if self.engine not in (Engine.CHROMIUM, Engine.FIREFOX_ESR, Engine.WEBKIT):
             raise BackendError(f"the {self.engine.value} engine is not started by rigd yet")
         with trio.move_on_after(max(left_s, 1.0)) as scope:
             t0 = trio.current_time()
             if not warm:
                 progress(f"starting {self.engine.value}")
-                launch = (firefox_launch_script() if self.firefox
-                          else chromium_launch_script(sandbox=self.sandbox))
+                launch = (firefox_launch_script() if self.firefox else webkit_launch_script()
+                          if self.webkit else chromium_launch_script(sandbox=self.sandbox))
                 code, out, err = await self._sh(launch, 30)
                 if code != 0:
                     raise BackendError(f"starting {self.engine.value} failed (exit {code}): "
@@ -385,8 +442,20 @@ class BrowserDriver:
 
     @asynccontextmanager
     async def _connect(self, stream: trio.abc.Stream,
-                       path: str) -> AsyncIterator[tuple[CDPConnection, PageDriver]]:
+                       path: str) -> AsyncIterator[tuple[EngineConnection, PageDriver]]:
         """The engine's connection over the rig's port, and the page's driver on it."""
+        if self.webkit:
+            # WebDriver classic: one keep-alive HTTP/1.1 connection through the relay.
+            wd = WebDriverConnection(stream, host=f"127.0.0.1:{RELAY_PORT}", log=self.machine.log)
+            start = f"file://{self.profile_dir}/start.html" if self.profile_dir else None
+            try:
+                async with open_webkit(wd, viewport=self.viewport, start_url=start,
+                                       binary=MINIBROWSER) as webkit:
+                    self.browser = f"WebKitGTK/{webkit.version}"
+                    yield wd, webkit
+            finally:
+                await wd.aclose()
+            return
         if self.firefox:
             # BiDi, with the guest-side authority as Host (the remote agent checks it).
             url = f"ws://127.0.0.1:{GUEST_DEVTOOLS_PORT}{path}"
@@ -462,11 +531,11 @@ class BrowserDriver:
     async def _wait_devtools(self) -> DevToolsVersion | None:
         """Chromium's ``/json/version`` once DevTools answers; for Firefox, None once its
         remote agent answers HTTP (its version comes with the BiDi session)."""
-        probe = devtools_probe_script(any_answer=self.firefox)
+        probe = devtools_probe_script(any_answer=self.firefox or self.webkit)
         while True:
             code, out, err = await self._sh(probe, 10, max_output=MAX_VERSION_BYTES + 1)
             if code == 0:
-                if self.firefox:
+                if self.firefox or self.webkit:
                     return None
                 try:
                     return parse_version(out)
@@ -493,7 +562,7 @@ class BrowserDriver:
 
     @property
     def _source(self) -> str:
-        return "bidi" if self.firefox else "cdp"
+        return "bidi" if self.firefox else "webdriver" if self.webkit else "cdp"
 
     async def perform(self, action: Action) -> dict[str, Any]:
         try:
@@ -577,7 +646,7 @@ class BrowserDriver:
 
     async def _screencast(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Frames for the live view while anyone watches: Chromium pushes a JPEG whenever the
-        page repaints; Firefox is asked for a screenshot at most :data:`POLL_FPS` times a
+        page repaints; Firefox and WebKit are asked for a screenshot at most :data:`POLL_FPS` times a
         second. Each frame is kept as the newest and every viewer told. Its end never fails
         the rig (a lost connection does that on its own)."""
         page = self.page_driver()
@@ -645,6 +714,9 @@ class BrowserDriver:
             data, iw, ih = self._cast
             lane = (Lane("bidi-poll", f"Firefox is asked for a screenshot at most {POLL_FPS} times a second "
                                       "(BiDi has no screencast)", {}) if self.firefox else
+                    Lane("webdriver-poll", f"WebKit is asked for a PNG still at most {POLL_FPS} times a "
+                                           "second, made a JPEG on the host (WebDriver has no screencast)",
+                         {}) if self.webkit else
                     Lane("cdp-screencast", "Chromium pushes a frame whenever the page repaints", {}))
         else:
             try:
