@@ -127,8 +127,8 @@ def test_a_browser_rig_is_one_engine_reused_by_its_conversation(browser: World) 
     err = srv.error("rig.open", {"workspace": "default", "surface": "browser", "conversation": "other",
                                  "profile": "main"})
     assert err["data"]["field"] == "profile" and rig in err["message"], err
-    # An engine this build does not start is refused naming the field, never replaced by the default.
-    for engine, fragment in (("webkit", "not available in this build"), ("edge", "unknown engine")):
+    # An engine rigd does not know is refused naming the field, never replaced by the default.
+    for engine, fragment in (("edge", "unknown engine"), ("Chromium", "unknown engine")):
         err = srv.error("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c1",
                                      "engine": engine})
         assert err["data"]["field"] == "engine" and fragment in err["message"], err

@@ -33,7 +33,7 @@ def test_admin_token_and_server_json(server: Server) -> None:
     assert [w["name"] for w in server.call("workspace.list")] == ["default"]
     info = server.call("server.info")
     assert info["accel"] == "tcg" and "terminal" in info["surfaces"]
-    assert info["engines"] == ["chromium", "firefox"]
+    assert info["engines"] == ["chromium", "firefox", "webkit"]
     # The token never reaches the log.
     assert server.token not in server.log()
 

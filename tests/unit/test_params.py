@@ -29,7 +29,7 @@ def test_a_browser_defaults_to_chromium_and_its_memory() -> None:
         ({"surface": "terminal"}, "workspace", "required"),
         ({"workspace": "w", "surface": "toaster"}, "surface", "must be one of"),
         ({"workspace": "w", "surface": "android"}, "surface", "not available in this build"),
-        ({"workspace": "w", "surface": "browser", "engine": "webkit"}, "engine", "not available in this build"),
+        ({"workspace": "w", "surface": "browser", "engine": "WebKit"}, "engine", "unknown engine"),
         ({"workspace": "w", "surface": "browser", "engine": "Chromium"}, "engine", "unknown engine"),
         ({"workspace": "w", "surface": "browser", "memoryMb": 512}, "memoryMb", "between"),
         ({"workspace": "w", "surface": "terminal", "memoryMb": 999999}, "memoryMb", "between 256 and 4096"),

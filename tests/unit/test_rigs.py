@@ -242,8 +242,10 @@ async def test_conversation_reuses_its_browser_per_engine_and_never_its_terminal
         f = await w.api.call("rig.open", w.admin, open_("browser", engine="firefox"))
         assert f["id"] not in (a["id"], t["id"]) and f["engine"] == "firefox"
         assert (await w.api.call("rig.open", w.admin, open_("browser", engine="firefox")))["id"] == f["id"]
+        k = await w.api.call("rig.open", w.admin, open_("browser", engine="webkit"))
+        assert k["id"] not in (a["id"], f["id"], t["id"]) and k["engine"] == "webkit"
         with pytest.raises(FieldError) as exc:
-            await w.api.call("rig.open", w.admin, open_("browser", engine="webkit"))
+            await w.api.call("rig.open", w.admin, open_("browser", engine="edge"))
         assert exc.value.field == "engine"
         await w.api.call("rig.close", w.admin, {"rigId": a["id"]})
         assert (await w.api.call("rig.get", w.admin, {"rigId": f["id"]}))["phase"] == "ready"

@@ -12,7 +12,7 @@ def test_browser_use_is_listed_with_every_verb_and_its_classes() -> None:
     spec = tools["browser_use"]
     props = spec["parameters"]["properties"]  # type: ignore[index]
     assert sorted(props["action"]["enum"]) == sorted(VERBS)
-    assert props["engine"]["enum"] == ["chromium", "firefox"]
+    assert props["engine"]["enum"] == ["chromium", "firefox", "webkit"]
     assert "rigId" in props and spec["parameters"]["additionalProperties"] is False  # type: ignore[index]
     assert metadata()["browser_use"]["actionClasses"] == [
         "enclosureControl", "networkEgress", "processSpawn"]
