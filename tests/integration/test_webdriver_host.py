@@ -245,6 +245,7 @@ async def test_clipboard_on_a_secure_page_works_or_says_why(driver: WebKitDriver
         await act(driver, action="clipboard_write", text="héllo 📋")
     except Conflict as exc:
         assert exc.data["reason"] == "engine limit" and "gesture" in exc.message
+        print("clipboard: engine limit")
         return
     read = await act(driver, action="clipboard_read")
     assert read["content"]["text"] == "héllo 📋"
