@@ -48,7 +48,7 @@ from rigd.browser.cdp import open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
 from rigd.browser.firefox import open_firefox, user_js
 from rigd.browser.live_input import PointerState
-from rigd.browser.page import PageDriver
+from rigd.browser.page import CLIPBOARD_MAX_BYTES, PageDriver
 from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
 from rigd.browser.webdriver import WebDriverConnection
 from rigd.browser.webkit import MINIBROWSER, open_webkit
@@ -449,8 +449,8 @@ class BrowserDriver:
             wd = WebDriverConnection(stream, host=f"127.0.0.1:{RELAY_PORT}", log=self.machine.log)
             start = f"file://{self.profile_dir}/start.html" if self.profile_dir else None
             try:
-                async with open_webkit(wd, viewport=self.viewport, start_url=start,
-                                       binary=MINIBROWSER) as webkit:
+                async with open_webkit(wd, viewport=self.viewport, start_url=start, binary=MINIBROWSER,
+                                       clipboard=self._x_clipboard) as webkit:
                     self.browser = f"WebKitGTK/{webkit.version}"
                     yield wd, webkit
             finally:
@@ -469,6 +469,24 @@ class BrowserDriver:
                     open_chromium(conn, viewport=self.viewport) as chromium):
             self.browser = self.version.browser if self.version is not None else "Chromium"
             yield conn, chromium
+
+    async def _x_clipboard(self, text: str | None) -> str:
+        """The WebKit display's clipboard (``xclip`` as the browser user): its text, or set to
+        ``text`` (xclip stays to serve it, as a copying program does)."""
+        u = shlex.quote(BROWSER_USER)
+        run = (f"setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all "
+               f"env -i PATH=/usr/bin:/bin LANG=C.UTF-8 DISPLAY={WEBKIT_DISPLAY} "
+               "xclip -selection clipboard")
+        if text is None:
+            r = await self.machine.exec(["/bin/sh", "-c", f"{run} -o -t UTF8_STRING 2>/dev/null || true"],
+                                        cwd="/", env=None, stdin=None, timeout_s=15,
+                                        max_output=CLIPBOARD_MAX_BYTES + 4)
+            return r.stdout[:CLIPBOARD_MAX_BYTES + 4].decode("utf-8", "replace")
+        r = await self.machine.exec(["/bin/sh", "-c", f"{run} -i >/dev/null 2>&1"], cwd="/", env=None,
+                                    stdin=text.encode(), timeout_s=15, max_output=4096)
+        if r.exit_code != 0:
+            raise BackendError(f"clipboard_write: xclip failed (exit {r.exit_code})")
+        return text
 
     # -- the profile: restored before the first verb, saved after changes and every 30 s --
 

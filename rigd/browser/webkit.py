@@ -247,12 +247,17 @@ def one_code_point_keys(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: The X clipboard of the engine's display: ``None`` reads it (its text), a text writes it.
+XClipboard = Callable[[str | None], Awaitable[str]]
+
+
 class WebKitDriver:
     """The browser_use verbs on one WebKit window. Made by :func:`open_webkit`."""
 
     def __init__(self, conn: WebDriverConnection, session: str, *, viewport: Display = BOOT_VIEWPORT,
-                 version: str = "") -> None:
+                 version: str = "", clipboard: XClipboard | None = None) -> None:
         self.conn = conn
+        self.x_clipboard = clipboard
         self.session = session
         self.viewport = viewport
         self.version = version
@@ -749,12 +754,22 @@ class WebKitDriver:
             raise
 
     async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
+        if self.x_clipboard is not None:
+            # WebKitGTK's clipboard is the display's: what the page copied, read where it lives.
+            await self._secure_origin("clipboard_read")
+            text = await self.x_clipboard(None)
+            return {"selection": "clipboard", "via": "x-clipboard",
+                    "content": text_json(text, CLIPBOARD_MAX_BYTES)}
         text = await self._clipboard("clipboard_read", "() => navigator.clipboard.readText()")
         if not isinstance(text, str):
             raise CDPProtocolError("clipboard_read: the page's answer is not text")
         return {"selection": "clipboard", "content": text_json(text, CLIPBOARD_MAX_BYTES)}
 
     async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
+        if self.x_clipboard is not None:
+            await self._secure_origin("clipboard_write")
+            await self.x_clipboard(a.text)
+            return {"selection": "clipboard", "via": "x-clipboard", "bytes": len(a.text.encode())}
         await self._clipboard("clipboard_write", "(t) => navigator.clipboard.writeText(t)", a.text)
         return {"selection": "clipboard", "bytes": len(a.text.encode())}
 
@@ -827,9 +842,11 @@ def _cookie_for(cookie: dict[str, Any], url: str) -> bool:
 @contextlib.asynccontextmanager
 async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIEWPORT,
                       start_url: str | None = None, binary: str = MINIBROWSER,
-                      insecure_certs: bool = False) -> AsyncIterator[WebKitDriver]:
+                      insecure_certs: bool = False,
+                      clipboard: XClipboard | None = None) -> AsyncIterator[WebKitDriver]:
     """A WebDriver session (the browser's window) and its driver, with its watch running
-    (``insecure_certs``: accept any certificate — the host tests' own CA, never a rig)."""
+    (``insecure_certs``: accept any certificate — the host tests' own CA, never a rig;
+    ``clipboard``: the display's X clipboard, for the clipboard verbs)."""
     caps = {"alwaysMatch": {
         "acceptInsecureCerts": insecure_certs, "pageLoadStrategy": "normal",
         "unhandledPromptBehavior": PROMPTS,
@@ -841,7 +858,7 @@ async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIE
         raise CDPProtocolError("POST session: the answer names no session")
     capabilities = got.get("capabilities")
     version = capabilities.get("browserVersion") if isinstance(capabilities, dict) else None
-    driver = WebKitDriver(conn, got["sessionId"], viewport=viewport,
+    driver = WebKitDriver(conn, got["sessionId"], viewport=viewport, clipboard=clipboard,
                           version=str(version)[:64] if isinstance(version, str) else "")
     body_error: Exception | None = None
     try:

@@ -64,6 +64,11 @@ def test_a_webkit_rig_runs_its_engine_unprivileged_on_guest_loopback(webkit: Wor
         "browser", "WebKitWebDriver"]
     assert sh(srv, rig, "ps -o user= -C MiniBrowser").split() == ["browser"]
     assert sh(srv, rig, "ps -o user= -C Xvfb").split() == ["browser"]
+    # The clipboard verbs' way to the display's clipboard is there, as the browser user.
+    assert sh(srv, rig, "printf %s clip | setpriv --reuid=browser --regid=browser --init-groups "
+                        "env DISPLAY=:99 xclip -selection clipboard -i >/dev/null 2>&1; "
+                        "setpriv --reuid=browser --regid=browser --init-groups "
+                        "env DISPLAY=:99 xclip -selection clipboard -o") == "clip"
     listening = sh(srv, rig, "cat /proc/net/tcp")
     assert ":2407" in listening and ":2406" in listening  # 9223 (WebKitWebDriver), 9222 (the relay)
     for line in listening.splitlines()[1:]:
@@ -111,6 +116,8 @@ def test_bad_input_and_a_host_outside_the_allowlist(webkit: World) -> None:
             ({"action": "click", "selector": "#go["}, "action.selector")):
         err = refused(srv, rig, **action)
         assert err["data"]["field"] == field, err
+    err = refused(srv, rig, action="clipboard_write", text="x")
+    assert "plain http://" in err["message"], err
     err = refused(srv, rig, action="navigate", url="http://elsewhere.test/")
     assert "elsewhere.test" in err["message"] and "allowlist" in err["message"], err
     # What a browser shows for a failed load: its error page for that address, never the site.
