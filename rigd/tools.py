@@ -373,6 +373,7 @@ class Tools:
         steps = call.plan(frame)
         result: dict[str, Any] = {}
         ran: list[str] = []
+        url: str | None = None  # where a navigation landed: Gemini's function_response carries it
         for step in steps:
             if step.action is None:
                 await trio.sleep(step.sleep_s)
@@ -385,7 +386,10 @@ class Tools:
                 return text_result(f"error: {step.where}: {step.action['action']}{before}: {exc.message}",
                                    error=True, error_data=exc.data or None, rigId=rig_id)
             ran.append(str(step.action["action"]))
-        return {**dialects.render(call, frame, result), "rigId": rig_id}
+            if isinstance(result.get("url"), str):
+                url = result["url"][:8192]
+        out = {**dialects.render(call, frame, result), "rigId": rig_id}
+        return {**out, "url": url} if url is not None else out
 
 
 def _display(rig: dict[str, Any]) -> Display | None:

@@ -135,6 +135,11 @@ async def test_gemini_drives_the_conversations_browser_in_its_grid(world: World)
     assert out["isError"] is False and out["rigId"] == rig_id
     assert "0-999 of this image" in out["content"][1]["text"]
     assert await world.log(rig_id) == [("click", [640, 400]), ("screenshot", None)]
+    machine = world.backend.machines[-1]
+    machine.answers["navigate"] = {"url": "https://example.test/landed", "status": 200}
+    went = await world.call("navigate", {"url": "example.test"}, "gemini")
+    assert went["isError"] is False and went["url"] == "https://example.test/landed"
+    assert [verb for verb, _ in await world.log(rig_id)][-2:] == ["navigate", "screenshot"]
 
 
 async def test_wrong_dialect_shapes_and_names_are_readable_errors(world: World) -> None:
