@@ -205,10 +205,11 @@ class Tools:
         variant = params.get("anthropicTool", ANTHROPIC_TOOL_TYPES[0])
         if variant not in ANTHROPIC_TOOL_TYPES:
             raise FieldError("anthropicTool", f"must be one of {', '.join(ANTHROPIC_TOOL_TYPES)}")
+        if "anthropicTool" in params and dialect is not Dialect.ANTHROPIC:
+            raise FieldError("anthropicTool", "picks the anthropic dialect's computer tool")
         if dialect is Dialect.OPENAI:
-            if rig_id is not None or "anthropicTool" in params:
-                raise FieldError("rigId" if rig_id is not None else "anthropicTool",
-                                 "sizes a vendor's computer tool; the openai dialect has none")
+            if rig_id is not None:
+                raise FieldError("rigId", "sizes a vendor's computer tool; the openai dialect has none")
             return {"tools": definitions(), "metadata": metadata()}
         surface = Surface.BROWSER if dialect is Dialect.GEMINI else Surface.COMPUTER
         display = LIMITS[surface].display

@@ -75,7 +75,8 @@ async def test_the_default_listing_is_unchanged_and_an_unknown_dialect_is_refuse
     assert await world.tools.list(world.admin, {}) == {"tools": definitions(), "metadata": metadata()}
     assert await world.tools.list(world.admin, {"dialect": "openai"}) == await world.tools.list(world.admin, None)
     for params, field in (({"dialect": "claude"}, "dialect"), ({"anthropicTool": "computer_2024"}, "anthropicTool"),
-                          ({"rigId": "rig_x"}, "rigId"), ({"dialects": "gemini"}, "dialects")):
+                          ({"rigId": "rig_x"}, "rigId"), ({"dialects": "gemini"}, "dialects"),
+                          ({"dialect": "gemini", "anthropicTool": "computer_20251124"}, "anthropicTool")):
         with pytest.raises(FieldError) as exc:
             await world.tools.list(world.admin, params)
         assert exc.value.field == field
