@@ -3,7 +3,9 @@
 ``tools.list`` returns definitions ready to hand to an OpenAI-style model;
 ``tools.call`` runs one. A failure is a tool result the model can read (with
 ``isError: true``), never a raised exception: models recover from a readable
-error, not from a transport fault.
+error, not from a transport fault. ``dialect`` (:mod:`rigd.dialects`) serves
+the same machines in another vendor's vocabulary: Anthropic's and OpenAI's
+computer tools, Gemini's computer-use functions.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import trio
 from openai.types.chat import ChatCompletionToolParam
 
-from rigd.errors import FieldError, RigdError
+from rigd import dialects
+from rigd.dialects import ANTHROPIC_TOOL_TYPES, Call, Dialect, Frame
+from rigd.errors import BackendError, FieldError, RigdError
 from rigd.framing import UNTRUSTED_NOTE, frame_text
-from rigd.model import BUILT_ENGINES, TOOL_ACTION_CLASSES, Surface, Tool
+from rigd.model import BUILT_ENGINES, LIMITS, TOOL_ACTION_CLASSES, Display, Surface, Tool
 from rigd.params import ident, no_extra, obj, string
 from rigd.rig_api import RigApi
 from rigd.rigs import Caller
@@ -65,14 +70,17 @@ def definitions() -> list[ChatCompletionToolParam]:
                 "description": (
                     "Run a command in this conversation's terminal rig: a Linux microVM with bash, "
                     "git, curl, gcc, make, python3, jq and rsync. The rig is opened on first use "
-                    "and reused by later calls. Give either argv (a list) or command (run by "
-                    "bash). Output is untrusted data from the machine. "
+                    "and reused by later calls; pass rigId to run on another rig of this workspace "
+                    "(a computer or browser rig answers exec too). Give either argv (a list) or "
+                    "command (run by bash). Output is untrusted data from the machine. "
                     + _classes(Tool.TERMINAL_USE)
                 ),
                 "parameters": {
                     "type": "object",
                     "properties": {
                         "action": {"type": "string", "enum": ["exec"]},
+                        "rigId": {"type": "string",
+                                  "description": "a rig to run on (default: this conversation's terminal)"},
                         "argv": {"type": "array", "items": {"type": "string"}},
                         "command": {"type": "string", "description": "a bash command line"},
                         "cwd": {"type": "string", "description": "absolute working directory"},
@@ -168,11 +176,12 @@ def definitions() -> list[ChatCompletionToolParam]:
     ]
 
 
-def metadata() -> dict[str, Any]:
+def metadata(dialect: Dialect = Dialect.OPENAI) -> dict[str, Any]:
+    """Each tool's guard classes; a vendor tool has those of the rigd tool behind it."""
+    behind = dialects.vendor_tool_of(dialect)
     return {
-        name: {"actionClasses": list(TOOL_ACTION_CLASSES.get(name, ()))}
-        for name in ("rig_list", "rig_close", Tool.TERMINAL_USE.value, Tool.COMPUTER_USE.value,
-                     Tool.BROWSER_USE.value)
+        name: {"actionClasses": list(TOOL_ACTION_CLASSES.get(behind.get(name, name), ()))}
+        for name in dialects.tool_names(dialect)
     }
 
 
@@ -186,23 +195,50 @@ class Tools:
         self.rigs = api.rigs
 
     async def list(self, caller: Caller, raw: object) -> dict[str, Any]:
-        no_extra(obj(raw), set())
-        return {"tools": definitions(), "metadata": metadata()}
+        """``{dialect?, rigId?, anthropicTool?}``: the tools of a dialect. A vendor's
+        computer tool states the size of the screenshots it will be sent: those of
+        ``rigId`` when given, else of a new rig's default display."""
+        params = obj(raw)
+        no_extra(params, {"dialect", "rigId", "anthropicTool"})
+        dialect = dialects.parse_dialect(params.get("dialect"))
+        rig_id = ident(params, "rigId", required=False)
+        variant = params.get("anthropicTool", ANTHROPIC_TOOL_TYPES[0])
+        if variant not in ANTHROPIC_TOOL_TYPES:
+            raise FieldError("anthropicTool", f"must be one of {', '.join(ANTHROPIC_TOOL_TYPES)}")
+        if "anthropicTool" in params and dialect is not Dialect.ANTHROPIC:
+            raise FieldError("anthropicTool", "picks the anthropic dialect's computer tool")
+        if dialect is Dialect.OPENAI:
+            if rig_id is not None:
+                raise FieldError("rigId", "sizes a vendor's computer tool; the openai dialect has none")
+            return {"tools": definitions(), "metadata": metadata()}
+        surface = Surface.BROWSER if dialect is Dialect.GEMINI else Surface.COMPUTER
+        display = LIMITS[surface].display
+        if rig_id is not None:
+            rig = await self.api.call("rig.get", caller, {"rigId": rig_id})
+            display = _display(rig) or display
+        assert display is not None
+        frame = Frame.of(display)
+        return {"tools": dialects.definitions(dialect, list(definitions()), frame, str(variant)),
+                "metadata": metadata(dialect), "dialect": dialect.value, "frame": frame.to_json()}
 
     async def call(self, caller: Caller, raw: object) -> dict[str, Any]:
         params = obj(raw)
-        no_extra(params, {"workspace", "conversation", "name", "arguments"})
+        no_extra(params, {"workspace", "conversation", "name", "arguments", "dialect"})
         workspace = string(params, "workspace", max_len=128)
         conversation = ident(params, "conversation")
         name = string(params, "name", max_len=64)
         arguments = params.get("arguments", {})
         try:
+            dialect = dialects.parse_dialect(params.get("dialect"))
             if isinstance(arguments, str):
                 try:
                     arguments = json.loads(arguments) if arguments.strip() else {}
                 except ValueError as exc:
                     raise FieldError("arguments", "is not valid JSON") from exc
             args = obj(arguments, "arguments")
+            vendor = dialects.translate(dialect, name, args)
+            if vendor is not None:
+                return await self._vendor(caller, workspace, conversation, vendor)
             if name == "rig_list":
                 return await self._rig_list(caller, workspace, args)
             if name == "rig_close":
@@ -213,8 +249,7 @@ class Tools:
                 return await self._computer_use(caller, workspace, conversation, args)
             if name == Tool.BROWSER_USE:
                 return await self._browser_use(caller, workspace, conversation, args)
-            raise FieldError("name", "unknown tool; one of rig_list, rig_close, terminal_use, computer_use, "
-                                     "browser_use")
+            raise FieldError("name", f"unknown tool; one of {', '.join(dialects.tool_names(dialect))}")
         except RigdError as exc:
             return text_result(f"error: {exc.message}", error=True, error_data=exc.data or None)
 
@@ -240,70 +275,130 @@ class Tools:
     async def _terminal_use(
         self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
     ) -> dict[str, Any]:
-        ctx = ParseContext(surface=Surface.TERMINAL, display=None)
-        parsed = parse_action(Tool.TERMINAL_USE.value, args, ctx)
+        action = dict(args)
+        rig_id = action.pop("rigId", None)
+        if rig_id is not None and not isinstance(rig_id, str):
+            raise FieldError("arguments.rigId", "must be a rig id")
+        # Checked before a rig is opened; rig.act checks it again against the rig's surface.
+        parsed = parse_action(Tool.TERMINAL_USE.value, action, ParseContext(display=None))
         if isinstance(parsed, FieldError):
             raise parsed
         assert isinstance(parsed, TerminalExec)
-        rig = await self.api.call(
-            "rig.open", caller, {"workspace": workspace, "surface": "terminal", "conversation": conversation}
-        )
+        if rig_id is None:
+            rig = await self.api.call("rig.open", caller, {"workspace": workspace, "surface": "terminal",
+                                                           "conversation": conversation})
+            rig_id = rig["id"]
+        else:
+            # Any rig of the caller's workspaces (rig.act answers a stranger's as missing);
+            # a computer or browser rig runs exec in its own machine.
+            await self.rigs.wait_settled(caller, rig_id)
         result = await self.api.call(
-            "rig.act", caller, {"rigId": rig["id"], "tool": Tool.TERMINAL_USE.value, "action": args}
+            "rig.act", caller, {"rigId": rig_id, "tool": Tool.TERMINAL_USE.value, "action": action}
         )
-        return text_result(render_exec(result), rigId=rig["id"])
+        return text_result(render_exec(result), rigId=rig_id)
 
-
-    async def _computer_use(
-        self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
-    ) -> dict[str, Any]:
-        action = dict(args)
-        rig_id = action.pop("rigId", None)
+    async def _computer_rig(self, caller: Caller, workspace: str, conversation: str, rig_id: object) -> str:
+        """The rig a computer tool drives: ``rig_id``, else the conversation's computer,
+        else a new one (opened and waited for)."""
         if rig_id is None:
             # The conversation's computer, else a new one (opened and waited for).
             live = [r for r in await self.api.call("rig.list", caller, {"workspace": workspace})
                     if r["surface"] == Surface.COMPUTER and r["conversation"] == conversation
                     and r["phase"] in ("provisioning", "booting", "ready", "parked")]
             if live:
-                rig_id = live[0]["id"]
-                await self.rigs.wait_settled(caller, rig_id)
-            else:
-                rig = await self.api.call("rig.open", caller, {"workspace": workspace, "surface": "computer",
-                                                    "conversation": conversation})
-                rig_id = rig["id"]
-        elif not isinstance(rig_id, str):
+                found = str(live[0]["id"])
+                await self.rigs.wait_settled(caller, found)
+                return found
+            rig = await self.api.call("rig.open", caller, {"workspace": workspace, "surface": "computer",
+                                                           "conversation": conversation})
+            return str(rig["id"])
+        if not isinstance(rig_id, str):
             raise FieldError("arguments.rigId", "must be a rig id")
-        else:
-            await self.rigs.wait_settled(caller, rig_id)
+        await self.rigs.wait_settled(caller, rig_id)
+        return rig_id
+
+    async def _computer_use(
+        self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        action = dict(args)
+        rig_id = await self._computer_rig(caller, workspace, conversation, action.pop("rigId", None))
         result = await self.api.call(
             "rig.act", caller, {"rigId": rig_id, "tool": Tool.COMPUTER_USE.value, "action": action}
         )
         return {**render_computer(str(action.get("action")), result), "rigId": rig_id}
 
-
-    async def _browser_use(
-        self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
-    ) -> dict[str, Any]:
-        action = dict(args)
-        rig_id = action.pop("rigId", None)
-        engine = action.pop("engine", None)
+    async def _browser_rig(self, caller: Caller, workspace: str, conversation: str, rig_id: object,
+                           engine: object) -> str:
+        """The rig a browser tool drives: ``rig_id``, else the conversation's browser of
+        ``engine`` (rig.open reuses it), else a new one."""
         if rig_id is None:
             # The conversation's browser of this engine (rig.open reuses it), else a new one.
             rig = await self.api.call("rig.open", caller, {
                 "workspace": workspace, "surface": "browser", "conversation": conversation,
                 **({"engine": engine} if engine is not None else {}),
             })
-            rig_id = rig["id"]
-        elif not isinstance(rig_id, str):
+            return str(rig["id"])
+        if not isinstance(rig_id, str):
             raise FieldError("arguments.rigId", "must be a rig id")
-        else:
-            if engine is not None:
-                raise FieldError("arguments.engine", "a rig runs one engine for life: give rigId or engine")
-            await self.rigs.wait_settled(caller, rig_id)
+        if engine is not None:
+            raise FieldError("arguments.engine", "a rig runs one engine for life: give rigId or engine")
+        await self.rigs.wait_settled(caller, rig_id)
+        return rig_id
+
+    async def _browser_use(
+        self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        action = dict(args)
+        rig_id = await self._browser_rig(caller, workspace, conversation, action.pop("rigId", None),
+                                         action.pop("engine", None))
         result = await self.api.call(
             "rig.act", caller, {"rigId": rig_id, "tool": Tool.BROWSER_USE.value, "action": action}
         )
         return {**render_browser(str(action.get("action")), result), "rigId": rig_id}
+
+    async def _vendor(self, caller: Caller, workspace: str, conversation: str, call: Call) -> dict[str, Any]:
+        """A vendor's computer call: its rig, the rig's frame, the planned rigd actions
+        (all checked before the first runs), then the last result in the vendor's frame."""
+        if call.tool is Tool.BROWSER_USE:
+            rig_id = await self._browser_rig(caller, workspace, conversation, call.rig_id, None)
+        else:
+            rig_id = await self._computer_rig(caller, workspace, conversation, call.rig_id)
+        rig = await self.api.call("rig.get", caller, {"rigId": rig_id})
+        if rig.get("surface") != call.surface.value:
+            raise FieldError("arguments.rigId", f"{rig_id} is a {rig.get('surface')} rig; the {call.dialect} "
+                                                f"{call.name} tool drives {call.surface} rigs")
+        display = _display(rig)
+        if display is None:
+            raise BackendError(f"rig {rig_id} reports no display yet; try again once it is ready")
+        frame = Frame.of(display)
+        steps = call.plan(frame)
+        result: dict[str, Any] = {}
+        ran: list[str] = []
+        url: str | None = None  # where a navigation landed: Gemini's function_response carries it
+        for step in steps:
+            if step.action is None:
+                await trio.sleep(step.sleep_s)
+                continue
+            try:
+                result = await self.api.call("rig.act", caller, {
+                    "rigId": rig_id, "tool": call.tool.value, "action": step.action})
+            except RigdError as exc:
+                before = f" (it ran after {', '.join(ran)})" if ran else ""
+                return text_result(f"error: {step.where}: {step.action['action']}{before}: {exc.message}",
+                                   error=True, error_data=exc.data or None, rigId=rig_id)
+            ran.append(str(step.action["action"]))
+            if isinstance(result.get("url"), str):
+                url = result["url"][:8192]
+        out = {**dialects.render(call, frame, result), "rigId": rig_id}
+        return {**out, "url": url} if url is not None else out
+
+
+def _display(rig: dict[str, Any]) -> Display | None:
+    d = rig.get("display")
+    if isinstance(d, dict) and isinstance(d.get("width"), int) and isinstance(d.get("height"), int) \
+            and d["width"] > 0 and d["height"] > 0:
+        return Display(d["width"], d["height"])
+    return None
 
 
 def render_browser(verb: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -285,3 +285,192 @@ def ios_key(text: str) -> str:
         f"{_show(text)} is not an iOS key{extra}; use one of {', '.join(IOS_KEY_NAMES)} "
         "or a single printable character"
     )
+
+
+# --- One table across vocabularies -------------------------------------------
+#
+# Models spell keys three ways: xdotool keysyms (Anthropic's computer tool:
+# ``Return``, ``ctrl+s``), OpenAI's computer-use names (``ENTER``, ``CTRL``,
+# ``ARROWLEFT``) and Playwright/DOM names (Gemini: ``Enter``, ``Control+C``).
+# One table maps every spelling, case-insensitively, to the key a rig
+# presses: its X11 keysym on a desktop, its DOM name in a browser. A name the
+# table lacks still passes when it is a valid name of the target (an X11
+# keysym such as ``XF86Back``; a DOM key such as ``NumpadAdd``), so the table
+# only ever widens what is accepted. ``meta``, ``cmd`` and ``win`` all mean
+# the key beside Alt (``Super_L`` on the desktop, ``Meta`` in a browser): a
+# model that says META means that key, not X11's rarely mapped ``Meta_L``.
+
+
+@dataclass(frozen=True, slots=True)
+class RigKey:
+    """A named key as each surface presses it."""
+
+    x11: str
+    dom: str
+    modifier: bool = False
+
+
+def _named() -> dict[str, RigKey]:
+    rows: list[tuple[RigKey, tuple[str, ...]]] = [
+        (RigKey("Control_L", "Control", True), ("ctrl", "control", "control_l", "controlleft", "lctrl")),
+        (RigKey("Control_R", "Control", True), ("control_r", "controlright", "rctrl")),
+        (RigKey("Shift_L", "Shift", True), ("shift", "shift_l", "shiftleft", "lshift")),
+        (RigKey("Shift_R", "Shift", True), ("shift_r", "shiftright", "rshift")),
+        (RigKey("Alt_L", "Alt", True), ("alt", "alt_l", "altleft", "option", "opt", "lalt")),
+        (RigKey("Alt_R", "Alt", True), ("alt_r", "altright", "ralt")),
+        (RigKey("Super_L", "Meta", True),
+         ("super", "super_l", "meta", "meta_l", "metaleft", "cmd", "command", "win", "windows", "os")),
+        (RigKey("Super_R", "Meta", True), ("super_r", "meta_r", "metaright")),
+        (RigKey("Return", "Enter"), ("enter", "return", "ret")),
+        (RigKey("KP_Enter", "NumpadEnter"), ("kp_enter", "numpadenter")),
+        (RigKey("Tab", "Tab"), ("tab",)),
+        (RigKey("Escape", "Escape"), ("escape", "esc")),
+        (RigKey("BackSpace", "Backspace"), ("backspace", "back_space", "bksp")),
+        (RigKey("Delete", "Delete"), ("delete", "del")),
+        (RigKey("Insert", "Insert"), ("insert", "ins")),
+        (RigKey("Home", "Home"), ("home",)),
+        (RigKey("End", "End"), ("end",)),
+        (RigKey("Prior", "PageUp"), ("pageup", "page_up", "prior", "pgup")),
+        (RigKey("Next", "PageDown"), ("pagedown", "page_down", "next", "pgdn")),
+        (RigKey("Up", "ArrowUp"), ("up", "arrowup", "arrow_up", "uparrow")),
+        (RigKey("Down", "ArrowDown"), ("down", "arrowdown", "arrow_down", "downarrow")),
+        (RigKey("Left", "ArrowLeft"), ("left", "arrowleft", "arrow_left", "leftarrow")),
+        (RigKey("Right", "ArrowRight"), ("right", "arrowright", "arrow_right", "rightarrow")),
+        (RigKey("space", "Space"), ("space", "spacebar")),
+        (RigKey("Caps_Lock", "CapsLock"), ("capslock", "caps_lock")),
+        (RigKey("Num_Lock", "NumLock"), ("numlock", "num_lock")),
+        (RigKey("Scroll_Lock", "ScrollLock"), ("scrolllock", "scroll_lock")),
+        (RigKey("Print", "PrintScreen"), ("print", "printscreen", "print_screen", "prtsc", "prtscr")),
+        (RigKey("Pause", "Pause"), ("pause",)),
+        (RigKey("Menu", "ContextMenu"), ("menu", "contextmenu", "apps")),
+        (RigKey("XF86AudioMute", "AudioVolumeMute"), ("xf86audiomute", "audiovolumemute", "volumemute")),
+        (RigKey("XF86AudioLowerVolume", "AudioVolumeDown"),
+         ("xf86audiolowervolume", "audiovolumedown", "volumedown")),
+        (RigKey("XF86AudioRaiseVolume", "AudioVolumeUp"),
+         ("xf86audioraisevolume", "audiovolumeup", "volumeup")),
+        (RigKey("XF86AudioNext", "MediaTrackNext"), ("xf86audionext", "mediatracknext")),
+        (RigKey("XF86AudioPrev", "MediaTrackPrevious"), ("xf86audioprev", "mediatrackprevious")),
+        (RigKey("XF86AudioPlay", "MediaPlayPause"), ("xf86audioplay", "mediaplaypause")),
+        # DOM codes of punctuation, and the X11 keysyms of the same keys.
+        (RigKey("minus", "Minus"), ("minus",)),
+        (RigKey("equal", "Equal"), ("equal", "equals")),
+        (RigKey("comma", "Comma"), ("comma",)),
+        (RigKey("period", "Period"), ("period",)),
+        (RigKey("slash", "Slash"), ("slash",)),
+        (RigKey("backslash", "Backslash"), ("backslash",)),
+        (RigKey("semicolon", "Semicolon"), ("semicolon",)),
+        (RigKey("apostrophe", "Quote"), ("apostrophe", "quote")),
+        (RigKey("grave", "Backquote"), ("grave", "backquote")),
+        (RigKey("bracketleft", "BracketLeft"), ("bracketleft",)),
+        (RigKey("bracketright", "BracketRight"), ("bracketright",)),
+        (RigKey("plus", "+"), ("plus",)),
+    ]
+    rows += [(RigKey(f"F{n}", f"F{n}"), (f"f{n}",)) for n in range(1, 13)]
+    rows += [(RigKey(f"KP_{n}", f"Numpad{n}"), (f"kp_{n}", f"numpad{n}")) for n in range(10)]
+    for x11, dom in (("KP_Add", "NumpadAdd"), ("KP_Subtract", "NumpadSubtract"),
+                     ("KP_Multiply", "NumpadMultiply"), ("KP_Divide", "NumpadDivide"),
+                     ("KP_Decimal", "NumpadDecimal")):
+        rows.append((RigKey(x11, dom), (x11.lower(), dom.lower())))
+    table: dict[str, RigKey] = {}
+    for key, aliases in rows:
+        for alias in aliases:
+            assert alias not in table, alias
+            table[alias] = key
+    return table
+
+
+#: Every spelling (case-folded) → the key. Single characters are not here.
+KEY_TABLE: dict[str, RigKey] = _named()
+_DOM_CODE = re.compile(r"(?:Key([A-Za-z])|Digit([0-9]))")
+
+
+def rig_key(name: str) -> RigKey | None:
+    """The key a named spelling stands for (any vocabulary, any case), or ``None``;
+    ``KeyA``/``Digit1`` codes and single printable characters included."""
+    if _is_char(name):
+        if name == " ":
+            return KEY_TABLE["space"]
+        if name == "+":
+            return KEY_TABLE["plus"]
+        return None if name.isspace() else RigKey(name, name)
+    key = KEY_TABLE.get(name.casefold())
+    if key is not None:
+        return key
+    code = _DOM_CODE.fullmatch(name)
+    if code:
+        char = (code.group(1) or code.group(2)).lower()
+        return RigKey(char, char)
+    return None
+
+
+def split_combo(combo: str) -> list[str]:
+    """A ``+``-joined combo's names, with ``+`` itself as a name where it stands
+    alone (``Control++``, ``+``), as Playwright splits."""
+    return _dom_split(combo)
+
+
+def _unknown(name: str, target: str) -> KeySyntaxError:
+    hint = _DOM_HINTS.get(name.casefold()) if target == "dom" else _X11_HINTS.get(name.casefold())
+    extra = f" (did you mean {hint}?)" if hint else ""
+    example = "Enter, Tab, ArrowLeft, PageDown, F5, Control" if target == "dom" else \
+        "Return, Tab, Left, Page_Down, F5, ctrl"
+    return KeySyntaxError(f"{_show(name)} is not a key name{extra}; use a name such as {example}, "
+                          "or a single printable character")
+
+
+def _target_name(name: str, target: str) -> tuple[str, bool]:
+    key = rig_key(name)
+    if key is not None:
+        return (key.dom if target == "dom" else key.x11), key.modifier
+    if target == "dom":
+        if name in DOM_KEYS:
+            return name, name in DOM_MODIFIERS
+    elif _X11_KEYSYM.fullmatch(name):
+        return name, name in X11_MODIFIER_KEYSYMS
+    raise _unknown(name, target)
+
+
+def combo_for(names: list[str] | tuple[str, ...], target: str) -> str:
+    """Keys pressed together (``["CTRL", "A"]``, ``["Control", "c"]``) as one combo
+    of the target's syntax: ``x11`` (``Control_L+a``, for computer_use ``key``) or
+    ``dom`` (``Control+c``, for browser_use ``key``). Every name but the last must be
+    a modifier. On X11 a letter pressed with modifiers is lower-cased: xdotool would
+    add Shift for ``A``, and a model writing ``CTRL+A`` means select-all."""
+    if not names:
+        raise KeySyntaxError("must name at least one key, e.g. Enter or Control+a")
+    if len(names) > 16:
+        raise KeySyntaxError("must name at most 16 keys pressed together")
+    out: list[str] = []
+    for i, name in enumerate(names):
+        if not name:
+            raise KeySyntaxError("has an empty key name")
+        mapped, modifier = _target_name(name, target)
+        if i < len(names) - 1 and not modifier:
+            raise KeySyntaxError(
+                f"{_show(name)} is not a modifier; keys pressed together are modifiers "
+                "(Control, Shift, Alt, Meta) followed by one key"
+            )
+        out.append(mapped)
+    if target == "x11" and len(out) > 1 and len(out[-1]) == 1 and out[-1].isascii() and out[-1].isalpha():
+        out[-1] = out[-1].lower()
+    combo = "+".join(out)
+    # The target's own parser has the last word (and a rule message of its own).
+    (parse_dom_combo if target == "dom" else parse_x11_combo)(combo)
+    return combo
+
+
+def modifiers_for(names: list[str] | tuple[str, ...], target: str) -> str:
+    """Modifiers held through a click or scroll (``["shift"]``, ``["CTRL", "ALT"]``)
+    as the target's ``+``-joined modifier names (``Shift_L+Alt_L`` on X11)."""
+    if not names or len(names) > 8:
+        raise KeySyntaxError("must name one to eight modifier keys, e.g. shift or ctrl+shift")
+    out: list[str] = []
+    for name in names:
+        mapped, modifier = _target_name(name, target) if name else ("", False)
+        if not modifier:
+            raise KeySyntaxError(
+                f"{_show(name)} is not a modifier; the keys held are Control, Shift, Alt or Meta "
+                "(ctrl, shift, alt, super)"
+            )
+        out.append(mapped)
+    return "+".join(out)
