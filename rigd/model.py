@@ -194,6 +194,10 @@ ENGINE_MEMORY_MB: dict[Engine, int] = {
     Engine.WEBKIT: 2560,
 }
 
+#: The desktop image's session user (images/desktop/customize.sh, lightdm autologin): who runs
+#: a computer rig's ``exec`` unless it asks for root.
+DESKTOP_SESSION_USER = "rig"
+
 #: Agent-lane stills are capped at this size; people may get up to the ceiling.
 AGENT_STILL_MAX = Display(1280, 800)
 HUMAN_STILL_MAX = Display(2560, 1600)

@@ -44,6 +44,7 @@ from rigd.failure import describe_failure, leaves
 from rigd.live_rig import NET_AUDIT_BUFFER, Caller, LiveRig, net_audit_sink, rig_state, write_net_audit
 from rigd.model import (
     ACCEL_OF,
+    DESKTOP_SESSION_USER,
     Accel,
     Backend,
     CloseReason,
@@ -58,6 +59,7 @@ from rigd.store.aio import Stores
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
 from rigd.verbs import Action, TerminalExec
+from rigd.verbs.terminal import as_user
 
 log = logging.getLogger("rigd.rigs")
 
@@ -555,6 +557,7 @@ class RigManager:
 
     async def execute(self, rig: LiveRig, machine: Machine, action: Action) -> dict[str, Any]:
         if isinstance(action, TerminalExec):
+            action = as_user(action, DESKTOP_SESSION_USER if rig.row.surface == Surface.COMPUTER else None)
             result = await self.exec(machine, action, max_output=EXEC_OUTPUT_LIMIT)
             return exec_json(result, EXEC_OUTPUT_LIMIT)
         answer = await machine.perform(action)

@@ -87,6 +87,9 @@ def definitions() -> list[ChatCompletionToolParam]:
                         "env": {"type": "object", "additionalProperties": {"type": "string"}},
                         "stdin": {"type": "string"},
                         "timeoutS": {"type": "number", "minimum": 0, "maximum": 3600},
+                        "user": {"type": "string", "description": (
+                            "who runs it: on a computer rig the desktop's own user in its X session "
+                            "(rig, the default) or root; other rigs run commands as root")},
                     },
                     "required": ["action"],
                     "additionalProperties": False,

@@ -71,7 +71,7 @@ from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
 from rigd.frames import Changes, Lane, Still, encode_still
 from rigd.framing import untrusted_bytes
 from rigd.images.importer import ImportedImage
-from rigd.model import AGENT_STILL_MAX, BACKEND_OF, Accel, Backend, Surface
+from rigd.model import AGENT_STILL_MAX, BACKEND_OF, DESKTOP_SESSION_USER, Accel, Backend, Surface
 from rigd.protocols import input as qin
 from rigd.protocols.guest import PROTO_DESKTOP, DamageNotice, Stream
 from rigd.verbs import computer as cv
@@ -827,7 +827,7 @@ class DesktopDriver:
 
 
 #: The desktop image's session user (images/desktop/customize.sh, lightdm autologin).
-SESSION_USER = "rig"
+SESSION_USER = DESKTOP_SESSION_USER
 
 _SHIFT_INSERT = KeyCombo(("Shift_L",), "Insert")
 

@@ -15,7 +15,11 @@ Rules (where API.md is silent, as noted):
   environment;
 - ``stdin``: a string (NUL allowed: it is a byte stream), sent UTF-8 encoded
   and then closed. Without it the command's stdin is empty (``/dev/null``);
-- ``timeoutS``: a number, more than 0 and at most 3600; default 60.
+- ``timeoutS``: a number, more than 0 and at most 3600; default 60;
+- ``user``: who runs it. A computer rig runs commands as its desktop's own
+  user in the X session by default (``rig``), or as ``root``; a terminal or
+  browser rig runs them as ``root`` (the only value it takes). Checked per
+  surface by the rig (``rigd.rigs``), parsed here as a user name.
 
 Audit: ``command``/``argv``/``cwd`` are kept; ``stdin`` and every ``env``
 value are masked (they often hold secrets), ``env`` names are kept.
@@ -23,11 +27,15 @@ value are masked (they often hold secrets), ``env`` names are kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
+from rigd.errors import FieldError
 from rigd.verbs._args import Args, VerbSpec, table
 from rigd.verbs.base import EXEC_TIMEOUT_DEFAULT_S, EXEC_TIMEOUT_MAX_S, TerminalAction
 from rigd.verbs.masking import mask, mask_values
+
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,8 @@ class TerminalExec(TerminalAction):
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     stdin: bytes | None = field(default=None, repr=False)
     timeout_s: float = EXEC_TIMEOUT_DEFAULT_S
+    #: Who runs it (None: the surface's default).
+    user: str | None = None
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -73,7 +83,11 @@ def _exec(a: Args) -> TerminalExec:
     timeout_s = a.number(
         "timeoutS", 0, EXEC_TIMEOUT_MAX_S, lo_open=True, default=EXEC_TIMEOUT_DEFAULT_S
     )
+    user = a.string("user", max_chars=32) if a.has("user") else None
+    if user is not None and not _USER.fullmatch(user):
+        raise a.error("user", "is not a user name (lowercase letters, digits, _ and -)")
     return TerminalExec(
+        user=user,
         argv=argv,
         command=command,
         cwd=cwd,
@@ -83,10 +97,48 @@ def _exec(a: Args) -> TerminalExec:
     )
 
 
+#: Run by bash as root: ``SESSION_WRAP user NAME=VALUE... -- argv...`` runs argv as ``user`` in its
+#: X session — the environment of its running ``xfce4-session`` (display, X authority, session bus,
+#: XDG dirs), else the image's defaults — with the caller's ``env`` over it.
+SESSION_WRAP = r"""set -eu
+u="$1"; shift
+vars=(HOME="/home/$u" USER="$u" LOGNAME="$u" SHELL=/bin/bash PATH=/usr/local/bin:/usr/bin:/bin
+      LANG=C.UTF-8 DISPLAY=:0 XAUTHORITY="/home/$u/.Xauthority")
+pid=$(pgrep -o -u "$u" -x xfce4-session || true)
+if [ -n "$pid" ] && [ -r "/proc/$pid/environ" ]; then
+  while IFS= read -r -d '' kv; do
+    case "$kv" in
+      DISPLAY=*|XAUTHORITY=*|DBUS_SESSION_BUS_ADDRESS=*|XDG_RUNTIME_DIR=*|LANG=*|PATH=*) vars+=("$kv") ;;
+      XDG_SESSION_*=*|XDG_CURRENT_DESKTOP=*|XDG_DATA_DIRS=*|XDG_CONFIG_DIRS=*) vars+=("$kv") ;;
+    esac
+  done <"/proc/$pid/environ"
+fi
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do vars+=("$1"); shift; done
+shift
+exec setpriv --reuid="$u" --regid="$(id -g "$u")" --init-groups env -i "${vars[@]}" "$@"
+"""
+
+
+def as_user(action: TerminalExec, session_user: str | None) -> TerminalExec:
+    """The exec a rig runs for ``action``: as root unchanged; as ``session_user`` (a computer
+    rig's desktop user: its default) wrapped in :data:`SESSION_WRAP`, in its home unless a
+    ``cwd`` was given. A user the rig does not have is a field error naming ``action.user``."""
+    user = action.user or session_user or "root"
+    if user == "root":
+        return action
+    if user != session_user:
+        have = f"{session_user} (its desktop's user, the default) or root" if session_user else "root"
+        raise FieldError("action.user", f"this rig runs commands as {have}, not {user}")
+    env = [f"{k}={v}" for k, v in action.env]
+    return replace(action, argv=("bash", "-c", SESSION_WRAP, "rigd-session", user, *env, "--",
+                                 *action.program),
+                   command=None, env=(), cwd=action.cwd or f"/home/{user}")
+
+
 VERBS = table(
     VerbSpec(
         TerminalExec,
-        ("argv", "command", "cwd", "env", "stdin", "timeoutS"),
+        ("argv", "command", "cwd", "env", "stdin", "timeoutS", "user"),
         _exec,
         refused={
             "timeout": "the field is timeoutS (seconds)",

@@ -65,7 +65,8 @@ def act(srv: Server, rig: str, token: str | None = None, **action: Any) -> dict[
 
 def sh(srv: Server, rig: str, command: str, timeout_s: float = 60) -> str:
     out = srv.call("rig.act", {"rigId": rig, "tool": "terminal_use",
-                               "action": {"action": "exec", "command": command, "timeoutS": timeout_s}})
+                               "action": {"action": "exec", "command": command, "timeoutS": timeout_s,
+                                          "user": "root"}})
     assert out["exitCode"] == 0, out
     return str(out["stdout"]["text"])
 
@@ -75,7 +76,8 @@ def wait_for(srv: Server, rig: str, command: str, deadline_s: float = 120) -> st
     end = time.monotonic() + deadline_s
     while True:
         out = srv.call("rig.act", {"rigId": rig, "tool": "terminal_use",
-                                   "action": {"action": "exec", "command": command, "timeoutS": 30}})
+                                   "action": {"action": "exec", "command": command, "timeoutS": 30,
+                                              "user": "root"}})
         if out["exitCode"] == 0:
             return str(out["stdout"]["text"])
         assert time.monotonic() < end, f"{command!r} never succeeded: {out}"
@@ -97,6 +99,29 @@ def test_rig_is_a_desktop_not_a_terminal(desk: tuple[Server, str]) -> None:
     # A conversation's terminal is never this rig.
     listed = srv.call("rig.list", {"workspace": "default"})
     assert [r["surface"] for r in listed] == ["computer"]
+
+
+def test_exec_runs_as_the_desktop_user_in_its_session_unless_root_is_asked(desk: tuple[Server, str]) -> None:
+    srv, rig = desk
+
+    def run(**action: Any) -> dict[str, Any]:
+        return dict(srv.call("rig.act", {"rigId": rig, "tool": "terminal_use",
+                                         "action": {"action": "exec", "timeoutS": 60, **action}}))
+
+    out = run(command='printf "%s %s %s " "$(id -un)" "$DISPLAY" "$PWD"; xdotool getdisplaygeometry',
+              env={"GREETING": "hi"})
+    assert out["exitCode"] == 0, out
+    who, display, cwd, *geometry = out["stdout"]["text"].split()
+    assert (who, display, cwd) == ("rig", ":0", "/home/rig") and len(geometry) == 2, out
+    assert run(argv=["sh", "-c", "echo $GREETING"], env={"GREETING": "hi"})["stdout"]["text"] == "hi\n"
+    assert run(argv=["id", "-un"], user="root")["stdout"]["text"] == "root\n"
+    err = srv.error("rig.act", {"rigId": rig, "tool": "terminal_use",
+                                "action": {"action": "exec", "argv": ["id"], "user": "mallory"}})
+    assert err["data"]["field"] == "action.user", err
+    # The agent's tool reaches its own desktop by rigId, as the desktop's user.
+    tool = srv.call("tools.call", {"workspace": "default", "conversation": "c1", "name": "terminal_use",
+                                   "arguments": {"action": "exec", "argv": ["id", "-un"], "rigId": rig}})
+    assert tool["isError"] is False and "rig" in tool["content"][0]["text"], tool
 
 
 def test_the_desktop_reaches_out_only_through_its_gateway(desk: tuple[Server, str]) -> None:

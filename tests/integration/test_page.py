@@ -85,7 +85,8 @@ def person(site: Site, name: str, kind: str = "person", member: bool = False) ->
 
 def exec_text(srv: Server, rig: str, command: str) -> dict[str, Any]:
     return dict(srv.call("rig.act", {"rigId": rig, "tool": "terminal_use",
-                                     "action": {"action": "exec", "command": command, "timeoutS": 60}}))
+                                     "action": {"action": "exec", "command": command, "timeoutS": 60,
+                                                "user": "root"}}))
 
 
 def wait_exec(srv: Server, rig: str, command: str, deadline_s: float = 120) -> str:

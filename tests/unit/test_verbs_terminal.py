@@ -160,3 +160,45 @@ def test_parse_is_deterministic() -> None:
     payload = {"action": "exec", "argv": ["echo", "hi"], "env": {"A": "1"}}
     first: Action | FieldError = parse_action("terminal_use", payload)
     assert first == parse_action("terminal_use", payload)
+
+
+def test_a_computer_rig_runs_exec_as_its_desktop_user_in_its_session_unless_root_is_asked() -> None:
+    from rigd.errors import FieldError as FE
+    from rigd.model import DESKTOP_SESSION_USER
+    from rigd.verbs.terminal import SESSION_WRAP, as_user
+
+    parsed = parse_action("terminal_use", {"action": "exec", "command": "chromium https://a.test/",
+                                           "env": {"A": "1"}})
+    assert isinstance(parsed, TerminalExec) and parsed.user is None
+    wrapped = as_user(parsed, DESKTOP_SESSION_USER)
+    assert wrapped.program == ("bash", "-c", SESSION_WRAP, "rigd-session", "rig", "A=1", "--",
+                               "bash", "-lc", "chromium https://a.test/")
+    assert wrapped.cwd == "/home/rig" and wrapped.env == () and wrapped.command is None
+    assert "setpriv --reuid=\"$u\"" in SESSION_WRAP and "xfce4-session" in SESSION_WRAP
+    root = parse_action("terminal_use", {"action": "exec", "argv": ["id"], "user": "root", "cwd": "/tmp"})
+    assert isinstance(root, TerminalExec) and as_user(root, DESKTOP_SESSION_USER) is root
+    # A terminal (or browser) rig runs as root, and takes no other user.
+    assert as_user(parsed, None) is parsed
+    other = parse_action("terminal_use", {"action": "exec", "argv": ["id"], "user": "rig"})
+    assert isinstance(other, TerminalExec)
+    with pytest.raises(FE) as info:
+        as_user(other, None)
+    assert info.value.field == "action.user" and "root" in info.value.message
+    stranger = parse_action("terminal_use", {"action": "exec", "argv": ["id"], "user": "mallory"})
+    assert isinstance(stranger, TerminalExec)
+    with pytest.raises(FE, match=r"rig .its desktop's user, the default. or root"):
+        as_user(stranger, DESKTOP_SESSION_USER)
+    bad = parse_action("terminal_use", {"action": "exec", "argv": ["id"], "user": "Root; rm"})
+    assert isinstance(bad, FE) and bad.field == "action.user"
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="setpriv to another user needs root")
+def test_the_session_wrapper_runs_as_the_user_with_the_callers_env_over_the_defaults() -> None:
+    import subprocess
+
+    from rigd.verbs.terminal import SESSION_WRAP
+
+    out = subprocess.run(["bash", "-c", SESSION_WRAP, "rigd-session", "nobody", "A=x y", "DISPLAY=:7", "--",
+                          "sh", "-c", 'printf "%s|%s|%s|%s" "$(id -un)" "$A" "$DISPLAY" "$HOME"'],
+                         capture_output=True, text=True, timeout=20, check=True)
+    assert out.stdout == "nobody|x y|:7|/home/nobody"
