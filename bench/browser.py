@@ -1,13 +1,14 @@
 """Browser rigs against their named peers, measured in one run (``make bench``).
 
-A browser rig of ``--engine`` (``chromium``, the default, or ``firefox``) is
+A browser rig of ``--engine`` (``chromium``, the default, ``firefox`` or ``webkit``) is
 booted in-process by the real recipe and driver
 (:class:`rigd.backends.browser.BrowserRecipe`, :class:`QemuMachine`: the rig's
 own DevTools port, the in-guest relays, the engine's client); the peer is the
 same engine package on the host, driven by the same client and driver:
 Chromium (``/usr/bin/chromium --headless=new``, DevTools on host loopback)
 over CDP, or Firefox ESR (``firefox-esr --headless``, its remote agent on
-host loopback) over WebDriver BiDi. Both load the same
+host loopback) over WebDriver BiDi, or WebKit (``WebKitWebDriver`` on an Xvfb display, host
+loopback) over WebDriver classic. Both load the same
 pages from a loopback HTTP server on their own side (the host's from a thread
 here, the rig's from a tiny socat server inside the guest), so the network is
 not what is measured.
@@ -81,9 +82,12 @@ from rigd.browser.testing import (  # noqa: E402
     serve_pages,
     start_host_chromium,
     start_host_firefox,
+    start_host_webkit,
     static_pages,
     stop_host_chromium,
 )
+from rigd.browser.webdriver import WebDriverConnection  # noqa: E402
+from rigd.browser.webkit import open_webkit  # noqa: E402
 from rigd.images.browser import BrowserAssets, Engine, build_browser, ensure_browser_pack  # noqa: E402
 from rigd.model import HUMAN_STILL_MAX, Accel, Display, Surface  # noqa: E402
 from rigd.model import Engine as ApiEngine  # noqa: E402
@@ -129,8 +133,8 @@ class Peer:
     words the printed lines use for its parts."""
 
     start: Callable[[Path], HostChromium]
-    #: Over WebDriver BiDi (a fresh protocol per connection); else CDP.
-    bidi: bool
+    #: ``cdp``, ``bidi`` (WebDriver BiDi, a fresh protocol per connection) or ``webdriver`` (classic).
+    wire: str
     open_page: Callable[..., AbstractAsyncContextManager[PageDriver]]
     #: What answered once the engine had started (line 1).
     agent: str
@@ -141,13 +145,18 @@ class Peer:
 
 
 PEERS = {
-    Engine.CHROMIUM: Peer(start_host_chromium, False, open_chromium, "DevTools", "screencast",
+    Engine.CHROMIUM: Peer(start_host_chromium, "cdp", open_chromium, "DevTools", "screencast",
                           "the rig's raw screencast", "host chromium"),
-    Engine.FIREFOX_ESR: Peer(start_host_firefox, True, open_firefox, "its remote agent",
+    Engine.FIREFOX_ESR: Peer(start_host_firefox, "bidi", open_firefox, "its remote agent",
                              f"live view (polled, at most {POLL_FPS} fps)",
                              "the rig's own capture loop",
                              "host firefox-esr capture loop "
                              "(back-to-back capture(): the most a poller could get)"),
+    Engine.WEBKIT: Peer(start_host_webkit, "webdriver", open_webkit, "WebKitWebDriver",
+                        f"live view (polled, at most {POLL_FPS} fps)",
+                        "the rig's own capture loop",
+                        "host WebKitWebDriver capture loop "
+                        "(back-to-back capture(): the most a poller could get)"),
 }
 
 
@@ -163,7 +172,17 @@ async def host_engine(peer: Peer, home: Path) -> AsyncIterator[PageDriver]:
     """The peer: the host's engine, headless, its own profile, killed by process group."""
     host = await trio.to_thread.run_sync(peer.start, home)
     try:
-        async with (open_cdp(host.ws_url, protocol=BiDiProtocol() if peer.bidi else None) as conn,
+        if peer.wire == "webdriver":
+            authority = host.ws_url.removeprefix("http://")
+            name, _, port = authority.partition(":")
+            wd = WebDriverConnection(await trio.open_tcp_stream(name, int(port)), host=authority)
+            try:
+                async with peer.open_page(wd, viewport=Display(1280, 800)) as page:
+                    yield page
+            finally:
+                await wd.aclose()
+            return
+        async with (open_cdp(host.ws_url, protocol=BiDiProtocol() if peer.wire == "bidi" else None) as conn,
                     peer.open_page(conn, viewport=Display(1280, 800)) as page):
             yield page
     finally:
