@@ -3,6 +3,9 @@
 ``RigClosedEvent`` (with the close reason), ``RigControlChanged``,
 ``RigReaped`` (idle, TTL or memory reaping, with the agent that was driving)
 and ``RigPhaseChanged``. Opening a rig is not an event (RIGS.md §11).
+``ApprovalRequested`` and ``ApprovalDecided`` (rigd.guard) are a workspace's
+too; their ``rigId`` is the rig the call named, or ``""`` when it named none
+(the conversation's rig may not exist yet).
 
 Order: events get their id from the workspace database in the order they
 are published, and each subscriber is fed by one channel, so a subscriber
@@ -23,6 +26,11 @@ from rigd.store.aio import Stores
 log = logging.getLogger("rigd.events")
 
 SUBSCRIBER_BUFFER = 1000
+
+#: A tool call waits for a person's answer (rigd.guard): the approval, as approval.list shows it.
+APPROVAL_REQUESTED = "ApprovalRequested"
+#: It was answered, timed out, or its call went away: ``approvalId``, ``decision``, ``decidedBy``.
+APPROVAL_DECIDED = "ApprovalDecided"
 
 
 class EventBus:

@@ -20,6 +20,7 @@ from rigd import dialects
 from rigd.dialects import ANTHROPIC_TOOL_TYPES, Call, Dialect, Frame
 from rigd.errors import BackendError, FieldError, RigdError
 from rigd.framing import UNTRUSTED_NOTE, frame_text
+from rigd.guard import Guard, Request, approval_timeout
 from rigd.model import BUILT_ENGINES, LIMITS, TOOL_ACTION_CLASSES, Display, Surface, Tool
 from rigd.params import ident, no_extra, obj, string
 from rigd.rig_api import RigApi
@@ -193,9 +194,11 @@ def text_result(text: str, *, error: bool = False, **extra: Any) -> dict[str, An
 
 
 class Tools:
-    def __init__(self, api: RigApi) -> None:
+    def __init__(self, api: RigApi, guard: Guard | None = None) -> None:
         self.api = api
         self.rigs = api.rigs
+        #: The workspace guard rules every call passes (shared with the approval.* methods).
+        self.guard = guard or Guard(api.rigs.stores, api.rigs.events)
 
     async def list(self, caller: Caller, raw: object) -> dict[str, Any]:
         """``{dialect?, rigId?, anthropicTool?}``: the tools of a dialect. A vendor's
@@ -225,11 +228,14 @@ class Tools:
                 "metadata": metadata(dialect), "dialect": dialect.value, "frame": frame.to_json()}
 
     async def call(self, caller: Caller, raw: object) -> dict[str, Any]:
+        """``{workspace, conversation, name, arguments, dialect?, approvalTimeoutS?}``: the
+        workspace's guard rules first (rigd.guard: read-only, ask-first), then the tool."""
         params = obj(raw)
-        no_extra(params, {"workspace", "conversation", "name", "arguments", "dialect"})
+        no_extra(params, {"workspace", "conversation", "name", "arguments", "dialect", "approvalTimeoutS"})
         workspace = string(params, "workspace", max_len=128)
         conversation = ident(params, "conversation")
         name = string(params, "name", max_len=64)
+        timeout_s = approval_timeout(params)
         arguments = params.get("arguments", {})
         try:
             dialect = dialects.parse_dialect(params.get("dialect"))
@@ -240,6 +246,19 @@ class Tools:
                     raise FieldError("arguments", "is not valid JSON") from exc
             args = obj(arguments, "arguments")
             vendor = dialects.translate(dialect, name, args)
+            behind, rig = ((vendor.tool.value, vendor.rig_id) if vendor is not None
+                           else (name, args.get("rigId")))
+            ticket = await self.guard.admit(caller, Request(workspace, conversation, name, behind,
+                                                            dialect.value, args, rig), timeout_s)
+        except RigdError as exc:
+            return text_result(f"error: {exc.message}", error=True, error_data=exc.data or None)
+        if ticket.refusal is not None:
+            return ticket.refusal
+        return ticket.stamp(await self._run(caller, workspace, conversation, name, dialect, args, vendor))
+
+    async def _run(self, caller: Caller, workspace: str, conversation: str, name: str, dialect: Dialect,
+                   args: dict[str, Any], vendor: Call | None) -> dict[str, Any]:
+        try:
             if vendor is not None:
                 return await self._vendor(caller, workspace, conversation, vendor)
             if name == "rig_list":

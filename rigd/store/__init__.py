@@ -6,14 +6,16 @@ on a worker thread, one call at a time per database. Nothing else in rigd
 touches SQLite.
 """
 
-from rigd.store.server_db import Membership, ServerDB, User, Workspace
-from rigd.store.workspace_db import ActionRow, RigRow, WorkspaceDB
+from rigd.store.server_db import Membership, ServerDB, SettingRow, User, Workspace
+from rigd.store.workspace_db import ActionRow, GuardRow, RigRow, WorkspaceDB
 
 __all__ = [
     "ActionRow",
+    "GuardRow",
     "Membership",
     "RigRow",
     "ServerDB",
+    "SettingRow",
     "User",
     "Workspace",
     "WorkspaceDB",

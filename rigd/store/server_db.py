@@ -73,6 +73,18 @@ MIGRATIONS: list[str] = [
         expires_epoch REAL NOT NULL
     );
     """,
+    # v4: per-workspace settings written by admins (rigd.guard.SETTINGS: one typed key each,
+    # the value as JSON); a key that is absent has its default
+    """
+    CREATE TABLE workspace_settings (
+        workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        updated_by TEXT NOT NULL REFERENCES users(id),
+        PRIMARY KEY (workspace_id, key)
+    );
+    """,
 ]
 
 #: A person's clipboard choices before they make any: paste in is allowed,
@@ -335,6 +347,31 @@ class ServerDB:
             ).fetchone()
         return None if row is None else str(row[0])
 
+    # -- workspace settings --------------------------------------------------
+
+    def workspace_settings(self, workspace_id: str) -> list[SettingRow]:
+        """The settings set on a workspace, by key (the values as stored JSON text)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT key, value, updated_at, updated_by FROM workspace_settings "
+                "WHERE workspace_id = ? ORDER BY key", (workspace_id,),
+            ).fetchall()
+        return [SettingRow(r["key"], r["value"], r["updated_at"], r["updated_by"]) for r in rows]
+
+    def set_workspace_setting(self, workspace_id: str, key: str, value: str | None, user_id: str) -> None:
+        """Set ``key`` to ``value`` (JSON text, already checked by its parser), or back to
+        its default with ``None``."""
+        with self._lock:
+            if value is None:
+                self._conn.execute("DELETE FROM workspace_settings WHERE workspace_id = ? AND key = ?",
+                                   (workspace_id, key))
+                return
+            self._conn.execute(
+                "INSERT INTO workspace_settings VALUES (?, ?, ?, ?, ?) ON CONFLICT (workspace_id, key) "
+                "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at, "
+                "updated_by = excluded.updated_by",
+                (workspace_id, key, value, iso(utcnow()), user_id),
+            )
 
     # -- page sessions ---------------------------------------------------------
 
@@ -419,6 +456,15 @@ class ServerDB:
                 "SET until_epoch = excluded.until_epoch", (user_id, rig_id, until),
             )
             self._conn.execute("DELETE FROM clipboard_grants WHERE until_epoch < ?", (until - 86400,))
+
+
+@dataclass(frozen=True, slots=True)
+class SettingRow:
+    key: str
+    #: JSON text.
+    value: str
+    updated_at: str
+    updated_by: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """One SQLite database per workspace: ``rig_sessions`` and ``rig_action_log``
-(RIGS.md §11).
+(RIGS.md §11), the workspace's events, and its guard decisions (``guard_log``).
 
 The action log is written *before* a verb runs (outcome ``pending``) and
 completed after, so an input is on record even if the server dies while it
@@ -90,6 +90,29 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE rig_sessions ADD COLUMN egress TEXT;
     """,
+    # v4: guard decisions (rigd.guard): every ask-first answer, time-out or read-only
+    # refusal of a tool call, whether or not the call named a rig
+    """
+    CREATE TABLE guard_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at TEXT NOT NULL,
+        approval_id TEXT,
+        decision TEXT NOT NULL
+            CHECK (decision IN ('allowed', 'denied', 'timedOut', 'cancelled', 'readOnly')),
+        tool TEXT NOT NULL,
+        dialect TEXT NOT NULL,
+        classes TEXT NOT NULL,
+        args TEXT NOT NULL,
+        rig_id TEXT,
+        conversation TEXT NOT NULL,
+        requested_by_kind TEXT NOT NULL,
+        requested_by_id TEXT NOT NULL,
+        requested_at TEXT NOT NULL,
+        decided_by_kind TEXT,
+        decided_by_id TEXT,
+        waited_ms INTEGER NOT NULL
+    );
+    """,
 ]
 
 
@@ -152,6 +175,42 @@ class ActionRow:
             "actor": {"kind": self.actor_kind, "id": self.actor_id},
             "tool": self.tool, "verb": self.verb, "args": self.args,
             "outcome": self.outcome, "error": self.error, "durationMs": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GuardRow:
+    """A row of ``guard_log``: one guard decision on one tool call."""
+
+    id: int
+    at: str
+    #: None for a read-only refusal (nobody was asked).
+    approval_id: str | None
+    #: allowed, denied, timedOut, cancelled (the waiting call went away) or readOnly.
+    decision: str
+    tool: str
+    dialect: str
+    classes: tuple[str, ...]
+    #: The call's arguments as the action log keeps them (rigd.verbs.audit: typed text masked).
+    args: dict[str, Any]
+    rig_id: str | None
+    conversation: str
+    requested_by_kind: str
+    requested_by_id: str
+    requested_at: str
+    decided_by_kind: str | None
+    decided_by_id: str | None
+    waited_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        decided = ({"kind": self.decided_by_kind, "id": self.decided_by_id}
+                   if self.decided_by_id is not None else None)
+        return {
+            "id": self.id, "at": self.at, "approvalId": self.approval_id, "decision": self.decision,
+            "tool": self.tool, "dialect": self.dialect, "classes": list(self.classes), "args": self.args,
+            "rigId": self.rig_id, "conversation": self.conversation,
+            "requestedBy": {"kind": self.requested_by_kind, "id": self.requested_by_id},
+            "requestedAt": self.requested_at, "decidedBy": decided, "waitedMs": self.waited_ms,
         }
 
 
@@ -240,6 +299,35 @@ class WorkspaceDB:
         return [
             {"id": r["id"], "type": r["type"], "rigId": r["rig_id"], "at": r["at"],
              "workspace": self.workspace_id, **json.loads(r["data"])}
+            for r in rows
+        ]
+
+    # -- guard_log ------------------------------------------------------------
+
+    def add_guard_decision(self, row: GuardRow) -> int:
+        """Persist one guard decision (``row.id`` is ignored); returns its id."""
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO guard_log (at, approval_id, decision, tool, dialect, classes, args, rig_id, "
+                "conversation, requested_by_kind, requested_by_id, requested_at, decided_by_kind, "
+                "decided_by_id, waited_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.at, row.approval_id, row.decision, row.tool, row.dialect,
+                 json.dumps(list(row.classes)), json.dumps(row.args, sort_keys=True, ensure_ascii=True),
+                 row.rig_id, row.conversation, row.requested_by_kind, row.requested_by_id,
+                 row.requested_at, row.decided_by_kind, row.decided_by_id, row.waited_ms),
+            )
+        return int(cur.lastrowid or 0)
+
+    def guard_decisions(self, *, after_id: int = 0, limit: int = 1000) -> list[GuardRow]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM guard_log WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)
+            ).fetchall()
+        return [
+            GuardRow(r["id"], r["at"], r["approval_id"], r["decision"], r["tool"], r["dialect"],
+                     tuple(json.loads(r["classes"])), json.loads(r["args"]), r["rig_id"], r["conversation"],
+                     r["requested_by_kind"], r["requested_by_id"], r["requested_at"], r["decided_by_kind"],
+                     r["decided_by_id"], r["waited_ms"])
             for r in rows
         ]
 
