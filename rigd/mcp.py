@@ -1,31 +1,40 @@
-"""``rigd mcp``: rigd's agent tools as an MCP server on stdio.
+"""rigd's agent tools as an MCP server: ``rigd mcp`` on stdio, and ``/mcp`` in the server.
 
-How this works: the process is a thin bridge. ``tools/list`` asks the rigd
-server's ``tools.list`` RPC for its OpenAI-format definitions and hands
-``rig_list``, ``rig_close`` and every ``*_use`` tool on as MCP tools (the
-function's ``parameters`` become the ``inputSchema``). ``tools/call`` checks
-the arguments against that schema, then forwards them to ``tools.call`` for
-the workspace and conversation given on the command line, and turns the
-result into MCP content: text as text, screenshots as images. Every failure
--- an unknown tool, arguments that break the schema, an RPC error, a reply
-this bridge cannot read -- comes back as a result with ``isError: true``
-whose text names what was wrong, so a model can correct itself; the MCP
+How this works: one MCP server (:func:`_server`, the official SDK's low-level ``Server``)
+answers both transports, and each request is answered by a :class:`Bridge`. ``tools/list``
+asks rigd's ``tools.list`` RPC for its OpenAI-format definitions and hands ``rig_list``,
+``rig_close`` and every ``*_use`` tool on as MCP tools (the function's ``parameters`` become
+the ``inputSchema``). ``tools/call`` checks the arguments against that schema, then forwards
+them to ``tools.call`` for the bridge's workspace and conversation, and turns the result into
+MCP content: text as text, screenshots as images. Every failure -- an unknown tool, arguments
+that break the schema, an RPC error, a reply this bridge cannot read -- comes back as a result
+with ``isError: true`` whose text names what was wrong, so a model can correct itself; the MCP
 session keeps serving.
 
-The RPC client is blocking (urllib in :class:`rigd.cli.Client`), so each
-call runs on a worker thread (``trio.to_thread.run_sync``); see
-``docs/decisions.md``. Stdout carries the protocol: logs go to stderr only.
+- stdio (``rigd mcp``, :func:`run`): a separate process; the RPC is the blocking
+  :class:`rigd.cli.Client` on a worker thread (``trio.to_thread.run_sync``); the workspace and
+  conversation come from the command line. Stdout carries the protocol: logs go to stderr only.
+- streamable HTTP (``/mcp``, :class:`HttpEndpoint`): inside the rigd server, on its Trio loop;
+  the SDK's session manager behind rigd's checks (bearer token, ``Origin``, workspace). The RPC
+  is the server's own dispatcher, called in process as the token's caller (:func:`dispatched`);
+  the workspace and conversation come from the request (:data:`WORKSPACE_HEADER`,
+  :data:`CONVERSATION_HEADER`, or the query).
+
+See ``docs/decisions.md``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -33,10 +42,21 @@ import trio
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 from mcp.server import Server, ServerRequestContext
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from rigd import __version__
+from rigd.auth import bearer
+from rigd.errors import FieldError, Forbidden, Unauthorized
+from rigd.params import ID_RE
+
+if TYPE_CHECKING:
+    from rigd.live_rig import Caller
 
 log = logging.getLogger("rigd.mcp")
 
@@ -294,22 +314,34 @@ class RpcFailed(Exception):
     """``tools.list`` could not be had or read."""
 
 
-def build_server(bridge: Bridge) -> Server[Any]:
+#: Picks the bridge that answers one MCP request (stdio: always the same; HTTP: the request's).
+BridgeFor = Callable[[ServerRequestContext[Any]], Bridge]
+
+
+def _server(bridge_for: BridgeFor, instructions: str) -> Server[Any]:
+    """The one MCP server of both transports: the same catalogue, the same call path."""
+
     async def on_list_tools(ctx: ServerRequestContext[Any],
                             params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return await bridge.list_tools()
+        return await bridge_for(ctx).list_tools()
 
     async def on_call_tool(ctx: ServerRequestContext[Any],
                            params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await bridge.call_tool(params.name, params.arguments)
+        return await bridge_for(ctx).call_tool(params.name, params.arguments)
 
-    return Server(
-        "rigd", version=__version__,
-        instructions=(f"Real machines for this agent: terminal, desktop and browser rigs of workspace "
-                      f"{bridge.workspace!r}. Each *_use tool opens its rig on first use and reuses "
-                      "it; rig_list shows them, rig_close destroys one."),
-        on_list_tools=on_list_tools, on_call_tool=on_call_tool,
-    )
+    return Server("rigd", version=__version__, instructions=instructions,
+                  on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+
+def _instructions(where: str) -> str:
+    return (f"Real machines for this agent: terminal, desktop and browser rigs of {where}. Each "
+            "*_use tool opens its rig on first use and reuses it; rig_list shows them, rig_close "
+            "destroys one.")
+
+
+def build_server(bridge: Bridge) -> Server[Any]:
+    """The MCP server of ``rigd mcp`` (stdio): every request goes to ``bridge``."""
+    return _server(lambda ctx: bridge, _instructions(f"workspace {bridge.workspace!r}"))
 
 
 async def serve_stdio(bridge: Bridge) -> None:
@@ -323,3 +355,218 @@ def run(rpc: Rpc, workspace: str, conversation: str) -> None:
     bridge = Bridge(threaded(rpc), workspace, conversation)
     log.info("serving MCP on stdio", extra={"workspace": workspace, "conversation": conversation})
     anyio.run(serve_stdio, bridge, backend="trio")
+
+
+# -- the same tools over streamable HTTP, inside the rigd server (``/mcp``) ------------------------
+
+#: Where an HTTP client names the workspace and the conversation (a query parameter of the
+#: same name without the prefix, ``?workspace=…&conversation=…``, does as well).
+WORKSPACE_HEADER = "X-Rigd-Workspace"
+CONVERSATION_HEADER = "X-Rigd-Conversation"
+#: The ASGI scope key under which the endpoint hands the request's target to the MCP server.
+SCOPE_KEY = "rigd.mcp"
+#: Largest ``/mcp`` body, as for ``/rpc``.
+MAX_BODY = 256 * 1024
+#: Legacy (``initialize``) sessions open at once; each is a task and two memory streams.
+MAX_SESSIONS = 1024
+#: A legacy session with no request in flight for this long is closed (its id then answers 404).
+SESSION_IDLE_S = 30 * 60
+
+ASGIScope = MutableMapping[str, Any]
+ASGIReceive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+ASGISend = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+#: One JSON-RPC request answered in process: the rigd server's ``Dispatcher.handle`` for a caller.
+Handle = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+#: Who sends a bearer token (raises :class:`~rigd.errors.Unauthorized`); rigd's ``Caller``.
+Authenticate = Callable[[str | None], Awaitable["Caller"]]
+
+
+class RpcError(Exception):
+    """A JSON-RPC error of the rigd server, as text the model reads (``rigd.cli.Client``'s)."""
+
+
+def dispatched(handle: Handle) -> AsyncRpc:
+    """The rigd server's own methods as an :data:`AsyncRpc`, called in process for one caller:
+    the same dispatch (and checks) as ``POST /rpc``, without the HTTP."""
+
+    async def call(method: str, params: dict[str, Any]) -> Any:
+        reply = await handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        if reply is None:
+            raise RpcError(f"{method}: no reply")
+        if "error" in reply:
+            err = _dict(reply["error"], "error")
+            raw = err.get("data")
+            data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            field = f" [{data['field']}: {data.get('reason', '')}]" if "field" in data else ""
+            raise RpcError(f"{err.get('message')}{field}")
+        return reply.get("result")
+
+    return call
+
+
+@dataclass(frozen=True)
+class Target:
+    """Who an HTTP request is from and where its tools act, decided by :class:`HttpEndpoint`."""
+
+    rpc: AsyncRpc
+    workspace: str
+    conversation: str
+
+
+def target_of(ctx: ServerRequestContext[Any]) -> Target:
+    """The target :class:`HttpEndpoint` put in this request's ASGI scope."""
+    scope = getattr(ctx.request, "scope", None)
+    target = scope.get(SCOPE_KEY) if isinstance(scope, Mapping) else None
+    if not isinstance(target, Target):  # a request that did not come through HttpEndpoint
+        raise MCPError(types.INTERNAL_ERROR, "this request has no rigd caller")
+    return target
+
+
+def build_http_server() -> Server[Any]:
+    """The MCP server of ``/mcp``: each request's bridge is its caller's, workspace's and
+    conversation's (:func:`target_of`)."""
+
+    def bridge_for(ctx: ServerRequestContext[Any]) -> Bridge:
+        target = target_of(ctx)
+        return Bridge(target.rpc, target.workspace, target.conversation)
+
+    return _server(bridge_for, _instructions(f"the workspace named by {WORKSPACE_HEADER}"))
+
+
+class Refused(Exception):
+    """An ``/mcp`` request refused before MCP sees it: an HTTP status and a JSON-RPC error."""
+
+    def __init__(self, status: int, error: dict[str, Any],
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(error.get("message"))
+        self.status = status
+        self.error = error
+        self.headers = headers or []
+
+
+def _header(scope: ASGIScope, name: str) -> str | None:
+    key = name.lower().encode("latin-1")
+    values = [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == key]
+    return values[0] if values else None
+
+
+def _query(scope: ASGIScope) -> dict[str, list[str]]:
+    raw = bytes(scope.get("query_string", b"")).decode("latin-1")
+    try:
+        return urllib.parse.parse_qs(raw, keep_blank_values=True, max_num_fields=16)
+    except ValueError as exc:
+        raise Refused(400, FieldError("query", "too many query fields").to_json()) from exc
+
+
+def _named(scope: ASGIScope, query: dict[str, list[str]], header: str, param: str) -> tuple[str, str] | None:
+    """The value a request gives by header or query parameter, and the name it was given under."""
+    value = _header(scope, header)
+    if value is not None:
+        return header, value
+    given = query.get(param)
+    if given:
+        if len(given) > 1:
+            raise Refused(400, FieldError(param, "is given more than once").to_json())
+        return param, given[0]
+    return None
+
+
+def workspace_of(scope: ASGIScope, query: dict[str, list[str]]) -> str:
+    named = _named(scope, query, WORKSPACE_HEADER, "workspace")
+    if named is None:
+        raise Refused(400, FieldError(
+            WORKSPACE_HEADER, f"is required: name the workspace the tools act in ({WORKSPACE_HEADER} "
+            "header, or ?workspace= on the endpoint URL)").to_json())
+    field, value = named
+    if not value or len(value) > 128 or not value.isprintable():
+        raise Refused(400, FieldError(field, "must be 1-128 printable characters").to_json())
+    return value
+
+
+def conversation_of(scope: ASGIScope, query: dict[str, list[str]], user_id: str, workspace: str) -> str:
+    """The conversation given, else one of the MCP session (each ``initialize`` session its own,
+    as each ``rigd mcp`` process has its own), else -- a sessionless (discovery-era) request --
+    one per token owner and workspace, so its calls reuse their rigs."""
+    named = _named(scope, query, CONVERSATION_HEADER, "conversation")
+    if named is not None:
+        field, value = named
+        if not ID_RE.match(value):
+            raise Refused(400, FieldError(field, "must be 1-128 characters of letters, digits, and _ . : -")
+                          .to_json())
+        return value
+    session = _header(scope, MCP_SESSION_ID_HEADER)
+    seed = f"session\n{session}" if session else f"user\n{user_id}\n{workspace}"
+    return "mcp-" + hashlib.sha256(seed.encode()).hexdigest()[:12]
+
+
+def _same_origin(scope: ASGIScope) -> bool:
+    origin, host = _header(scope, "Origin"), _header(scope, "Host")
+    scheme = "https" if scope.get("scheme") == "https" else "http"
+    return origin is not None and host is not None and origin == f"{scheme}://{host}"
+
+
+class HttpEndpoint:
+    """``/mcp``: MCP's streamable HTTP transport (the SDK's session manager, JSON responses)
+    behind rigd's own checks. Run :meth:`run` in the server's nursery before serving requests.
+
+    Refused here, before MCP reads a byte: a foreign ``Origin`` (403, the spec's DNS-rebinding
+    rule), ``GET`` (405: rigd sends nothing unprompted, so it offers no SSE stream), a missing or
+    unknown bearer token (401), a missing workspace (400 naming :data:`WORKSPACE_HEADER`). The
+    identity is the token's; what it may touch is decided by the methods the tools call."""
+
+    def __init__(self, authenticate: Authenticate, rpc_for: Callable[[Caller], AsyncRpc]) -> None:
+        self.authenticate = authenticate
+        self.rpc_for = rpc_for
+        self.manager = StreamableHTTPSessionManager(
+            build_http_server(), json_response=True,
+            # Host and Origin are checked in __call__ (the bind is the operator's, not a list).
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            max_request_body_size=MAX_BODY, max_sessions=MAX_SESSIONS, session_idle_timeout=SESSION_IDLE_S,
+        )
+        # The SDK logs every session id at info; rigd's log keeps to its own lines (refusals of
+        # a session stay: they are warnings).
+        for name in ("mcp.server.streamable_http_manager", "mcp.server.streamable_http"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with self.manager.run():
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        try:
+            scope = await self.admit(scope)
+        except Refused as exc:
+            await _refuse(send, exc)
+            return
+        await self.manager.handle_request(scope, receive, send)
+
+    async def admit(self, scope: ASGIScope) -> ASGIScope:
+        """The scope the SDK gets, with the request's :class:`Target`; or :class:`Refused`."""
+        if _header(scope, "Origin") is not None and not _same_origin(scope):
+            raise Refused(403, Forbidden("a cross-origin request to /mcp is refused", field="Origin",
+                                         reason="must be this server's own origin, or absent").to_json())
+        if scope.get("method") == "GET":
+            raise Refused(405, {"code": types.INVALID_REQUEST, "message": "rigd offers no SSE stream on "
+                                "GET /mcp; POST each JSON-RPC message"}, [(b"allow", b"POST, DELETE")])
+        try:
+            caller = await self.authenticate(bearer(_header(scope, "Authorization")))
+        except Unauthorized as exc:
+            raise Refused(401, exc.to_json(), [(b"www-authenticate", b'Bearer realm="rigd"')]) from exc
+        query = _query(scope)
+        workspace = workspace_of(scope, query)
+        conversation = conversation_of(scope, query, caller.actor_id, workspace)
+        target = Target(self.rpc_for(caller), workspace, conversation)
+        # The SDK binds a legacy session to the identity that opened it: another token's
+        # request naming its id answers 404. Only the user id is kept, never the token.
+        user = AuthenticatedUser(AccessToken(token="", client_id=caller.actor_id, scopes=[]))
+        return {**scope, SCOPE_KEY: target, "user": user}
+
+
+async def _refuse(send: ASGISend, exc: Refused) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": exc.error}).encode()
+    await send({"type": "http.response.start", "status": exc.status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"), *exc.headers]})
+    await send({"type": "http.response.body", "body": body})

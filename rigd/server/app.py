@@ -11,6 +11,8 @@ Routes:
   bearer token or a signed ``rig-term`` target, plus membership.
 - ``/rig/live/<rigId>`` (WebSocket): a computer rig's live view
   (rigd.server.live). A bearer token or a signed ``rig-view`` target.
+- ``/mcp``: the agent tools over MCP's streamable HTTP transport (rigd.mcp.HttpEndpoint, an
+  ASGI app routed in front of Quart by rigd.server.lanes.LaneRouter, as the lanes are).
 - ``GET /healthz``.
 - ``/``, ``/settings/server/rigs[/<rigId>]``, ``/static/<name>``: the settings
   page (rigd.server.pages).

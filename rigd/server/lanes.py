@@ -74,6 +74,8 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+#: MCP's streamable HTTP endpoint (rigd.mcp.HttpEndpoint).
+MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 LANE_PATH = re.compile(r"/rig/(files|clipboard)/([A-Za-z0-9_-]{1,64})")
 #: Multipart framing per part (boundaries, headers) on top of the files' bytes.
 PART_OVERHEAD = 16 * 1024
@@ -114,15 +116,20 @@ def status_of(exc: RigdError) -> int:
 
 
 class LaneRouter:
-    """The ASGI app the server runs: the lanes here, everything else to Quart."""
+    """The ASGI app the server runs: the lanes and ``/mcp`` (an ASGI app of its own,
+    rigd.mcp.HttpEndpoint) here, everything else to Quart."""
 
-    def __init__(self, app: Any, ctx: ServerContext) -> None:
+    def __init__(self, app: Any, ctx: ServerContext, mcp: Any = None) -> None:
         self.app = app
         self.ctx = ctx
+        self.mcp = mcp
 
     # hypercorn's own TypedDicts would narrow nothing here: the lanes read plain keys.
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            if self.mcp is not None and scope.get("path") in MCP_PATHS:
+                await self.mcp(scope, receive, send)
+                return
             match = LANE_PATH.fullmatch(scope.get("path", ""))
             if match is not None:
                 await serve_lane(self.ctx, match[1], match[2], scope, receive, send)
@@ -130,11 +137,11 @@ class LaneRouter:
         await self.app(scope, receive, send)
 
 
-def server_app(ctx: ServerContext) -> LaneRouter:
-    """rigd's whole HTTP app: the lanes, then the Quart app (RPC, WebSockets, pages)."""
+def server_app(ctx: ServerContext, mcp: Any = None) -> LaneRouter:
+    """rigd's whole HTTP app: the lanes and ``/mcp``, then the Quart app (RPC, WebSockets, pages)."""
     from rigd.server.app import create_app
 
-    return LaneRouter(create_app(ctx), ctx)
+    return LaneRouter(create_app(ctx), ctx, mcp)
 
 
 # -- HTTP plumbing -------------------------------------------------------------------

@@ -47,8 +47,9 @@ from rigd.images.cache import sha256_file
 from rigd.images.desktop import find_desktop
 from rigd.images.importer import BootChoice, ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
+from rigd.mcp import AsyncRpc, HttpEndpoint, dispatched
 from rigd.model import LIMITS, Accel, Surface
-from rigd.rigs import RigManager
+from rigd.rigs import Caller, RigManager
 from rigd.server.app import MAX_INBOUND, ServerContext
 from rigd.server.imports import ImportJobs
 from rigd.server.lanes import server_app
@@ -329,6 +330,16 @@ async def _warm_pack(backend: QemuBackend) -> None:
         log.error("could not prepare the terminal pack: %s", exc.message)
 
 
+def mcp_endpoint(ctx: ServerContext) -> HttpEndpoint:
+    """``/mcp``: the agent tools over MCP, each request as its bearer token's caller, through
+    the same dispatcher as ``/rpc``."""
+
+    def rpc_for(caller: Caller) -> AsyncRpc:
+        return dispatched(functools.partial(ctx.dispatcher.handle, caller))
+
+    return HttpEndpoint(ctx.caller_from_token, rpc_for)
+
+
 def http_config(host: str, port: int) -> HyperConfig:
     """Hypercorn's settings for rigd's app: the bind and the inbound message limit."""
     hyper = HyperConfig()
@@ -394,7 +405,9 @@ async def _serve(
     base_url: list[str] = []
     imports = ImportJobs(data_dir, functools.partial(which_boots, data_dir, config.cache_dir))
     dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker, images=imports))
-    app = server_app(ServerContext(stores, rigs, dispatcher, signer))
+    ctx = ServerContext(stores, rigs, dispatcher, signer)
+    mcp_http = mcp_endpoint(ctx)
+    app = server_app(ctx, mcp_http)
 
     hyper = http_config(config.host, config.port)
 
@@ -402,6 +415,7 @@ async def _serve(
         await nursery.start(snapshots.run)
         await nursery.start(rigs.run)
         await nursery.start(imports.run)
+        await nursery.start(mcp_http.run)
         if accel is not None:
             # Unpack the default image now, so the first rig.open does not wait for it.
             nursery.start_soon(_warm_pack, backend)
