@@ -230,6 +230,56 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_secret(path: str, what: str) -> str:
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ClientError(f"cannot read the {what} file {path}: {exc.strerror}") from exc
+    if not value:
+        raise ClientError(f"the {what} file {path} is empty")
+    return value
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    """``rigd agent``: the reference loop (a model on an OpenAI-compatible endpoint drives rigs)."""
+    import urllib.parse
+
+    from rigd import agent
+    from rigd.logs import setup
+    from rigd.params import ID_RE
+
+    base = urllib.parse.urlsplit(args.base_url)
+    if base.scheme not in ("http", "https") or not base.netloc:
+        raise ClientError("--base-url: must be an http(s) URL, e.g. http://127.0.0.1:8000/v1")
+    if args.conversation is not None and not ID_RE.match(args.conversation):
+        raise ClientError("--conversation: must be 1-128 characters of letters, digits, and _ . : -")
+    if not 1 <= args.max_steps <= 1000:
+        raise ClientError("--max-steps: must be between 1 and 1000")
+    if not 0 <= args.keep_images <= 10:
+        raise ClientError("--keep-images: must be between 0 and 10")
+    if not args.task.strip():
+        raise ClientError("task: give the model something to do")
+    if args.token_file:
+        args.token = _read_secret(args.token_file, "token")
+    api_key = (_read_secret(args.api_key_file, "API key") if args.api_key_file
+               else os.environ.get("OPENAI_API_KEY"))
+    if not api_key:
+        raise ClientError("no API key: set OPENAI_API_KEY or pass --api-key-file "
+                          "(an endpoint that needs none takes any value)")
+    client = Client.from_args(args)
+    setup(args.log_level)
+    runner = agent.Agent(
+        agent.open_model(args.base_url, args.model, api_key), client.call,
+        workspace=args.workspace, conversation=args.conversation, max_steps=args.max_steps,
+        keep_rigs=args.keep, keep_images=args.keep_images, out=lambda line: print(line, flush=True),
+    )
+    try:
+        outcome = agent.run(runner, args.task)
+    except agent.AgentError as exc:
+        raise ClientError(str(exc)) from exc
+    return outcome.stop.exit_code
+
+
 def cmd_term(args: argparse.Namespace) -> int:
     from rigd.term_client import run_terminal
 
@@ -456,6 +506,28 @@ def parser() -> argparse.ArgumentParser:
                     help="the conversation whose rigs the tools reuse (default: one of this process's own)")
     sp.add_argument("--log-level", default="warning", help="log level on stderr (default warning)")
     sp.set_defaults(fn=cmd_mcp)
+
+    sp = sub.add_parser("agent", help="the reference loop: a model on an OpenAI-compatible endpoint "
+                                      "drives rigs with the agent tools until it answers")
+    client_opts(sp)
+    sp.add_argument("--token-file", help="read the bearer token from this file (instead of --token)")
+    sp.add_argument("--base-url", required=True,
+                    help="the endpoint's base URL, e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1")
+    sp.add_argument("--model", required=True, help="the model name the endpoint knows")
+    sp.add_argument("--api-key-file", help="read the endpoint's API key from this file "
+                                           "(default: OPENAI_API_KEY)")
+    sp.add_argument("--workspace", default="default", help="the workspace the tools act in")
+    sp.add_argument("--conversation",
+                    help="the conversation whose rigs the tools reuse (default: one of this run's own)")
+    sp.add_argument("--max-steps", type=int, default=30,
+                    help="stop after this many model replies (default 30; exit status 1)")
+    sp.add_argument("--keep-images", type=int, default=2,
+                    help="screenshots kept in the history sent to the model (default 2)")
+    sp.add_argument("--keep", action="store_true",
+                    help="leave the rigs this run opened open (default: close them at the end)")
+    sp.add_argument("--log-level", default="warning", help="log level on stderr (default warning)")
+    sp.add_argument("task", help="what the model is asked to do")
+    sp.set_defaults(fn=cmd_agent)
 
     sp = sub.add_parser("images", help="build the default images; import a desktop image")
     isub = sp.add_subparsers(dest="images_cmd", required=True)
