@@ -161,13 +161,18 @@ async def test_wrong_dialect_shapes_and_names_are_readable_errors(world: World) 
 
 async def test_terminal_use_runs_on_the_rig_it_names(world: World) -> None:
     rig_id, machine = await world.open("computer")
-    out = await world.call("terminal_use", {"action": "exec", "argv": ["echo", "desk"], "rigId": rig_id})
+    out = await world.call("terminal_use", {"action": "exec", "argv": ["echo", "desk"], "rigId": rig_id,
+                                            "user": "root"})
     assert out["isError"] is False and out["rigId"] == rig_id and "desk" in out["content"][0]["text"]
     assert machine.calls == [["echo", "desk"]]
     # The same through a vendor dialect: rigd's own tools are served as they are.
-    out = await world.call("terminal_use", {"action": "exec", "argv": ["echo", "again"], "rigId": rig_id},
-                           "anthropic")
+    out = await world.call("terminal_use", {"action": "exec", "argv": ["echo", "again"], "rigId": rig_id,
+                                            "user": "root"}, "anthropic")
     assert out["isError"] is False and machine.calls[-1] == ["echo", "again"]
+    # Without user, a computer rig runs it as its desktop's user, in its session.
+    await world.call("terminal_use", {"action": "exec", "argv": ["echo", "mine"], "rigId": rig_id})
+    wrapped = machine.calls.pop()
+    assert wrapped[:2] == ["bash", "-c"] and wrapped[3:] == ["rigd-session", "rig", "--", "echo", "mine"]
     # Without rigId: the conversation's terminal, a rig of its own.
     own = await world.call("terminal_use", {"action": "exec", "argv": ["echo", "term"]})
     assert own["isError"] is False and own["rigId"] != rig_id

@@ -88,6 +88,7 @@ GOOD: dict[str, st.SearchStrategy[object]] = {
     "cwd": st.just("/tmp"),
     "env": st.dictionaries(st.sampled_from(["A", "_B"]), TEXT.filter(lambda t: "\x00" not in t)),
     "stdin": TEXT,
+    "user": st.sampled_from(["root", "rig"]),
     "modifiers": st.lists(st.sampled_from(["command", "shift"]), max_size=2, unique=True),
 }
 
