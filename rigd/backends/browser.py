@@ -51,7 +51,7 @@ from rigd.browser.live_input import PointerState
 from rigd.browser.page import CLIPBOARD_MAX_BYTES, PageDriver
 from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
 from rigd.browser.webdriver import WebDriverConnection
-from rigd.browser.webkit import MINIBROWSER, open_webkit
+from rigd.browser.webkit import MINIBROWSER, MINIBROWSER_GTK_CSS, open_webkit
 from rigd.errors import BackendError, FieldError, RigdError
 from rigd.frames import Changes, Lane, Still
 from rigd.images.browser import BrowserAssets, Engine
@@ -187,6 +187,8 @@ def webkit_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
         "set -eu",
         "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
         'mkdir -m 0700 "$p/run"',
+        'mkdir -p "$p/.config/gtk-3.0"',
+        f"printf '%s' {shlex.quote(MINIBROWSER_GTK_CSS)} >\"$p/.config/gtk-3.0/gtk.css\"",
         f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
         f'chown -R {u}:{u} "$p"',
         'chmod 0700 "$p"',

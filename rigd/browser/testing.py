@@ -169,6 +169,10 @@ def start_host_webkit(home: Path, timeout_s: float = 60) -> HostChromium:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    from rigd.browser.webkit import MINIBROWSER_GTK_CSS
+
+    (home / ".config" / "gtk-3.0").mkdir(parents=True, exist_ok=True)
+    (home / ".config" / "gtk-3.0" / "gtk.css").write_text(MINIBROWSER_GTK_CSS)  # as a rig's
     log = (home / "webkit.log").open("wb")
     display_file = home / "display"
     display_file.unlink(missing_ok=True)

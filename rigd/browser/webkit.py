@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import logging
 import math
@@ -38,10 +39,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import trio
+from PIL import Image
 
 import rigd.verbs.browser as bv
 from rigd.browser.bidi_input import KEYBOARD_ID, MOUSE_ID, Sleep, plan_bidi, press_actions, text_actions
-from rigd.browser.firefox import fit_jpeg
+from rigd.browser.firefox import MAX_PIXELS, fit_jpeg
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
     A11Y_OUTLINE,
@@ -55,8 +57,10 @@ from rigd.browser.page import (
     FILL,
     FIND,
     FOCUSED_EDITABLE,
+    FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     LOAD_TIMEOUT_S,
+    PAGE_SIZE,
     POINT,
     RESTORE_STORAGE,
     SCROLL,
@@ -93,6 +97,11 @@ log = logging.getLogger("rigd.browser.webkit")
 
 #: WebKitGTK's browser for automation (libwebkit2gtk-4.1-0 in Debian).
 MINIBROWSER = "/usr/lib/x86_64-linux-gnu/webkit2gtk-4.1/MiniBrowser"
+#: MiniBrowser's own chrome (its toolbar), shrunk by a user style sheet in its HOME so the
+#: window can be as narrow as the smallest viewport (320 px; the toolbar's own floor is ~447 px).
+#: GTK styles only the browser's widgets, never the page (WebKit draws web content itself).
+MINIBROWSER_GTK_CSS = ("* { min-width: 0; min-height: 0; padding: 0; margin: 0; font-size: 1px; }\n"
+                       "entry, button { min-width: 0; }\n")
 #: Dialogs never stall a verb: WebKit dismisses them and says so on the next command.
 PROMPTS = "dismiss and notify"
 #: Deadlines: the driver's own (script, load) are the verbs'; rigd's command deadline is
@@ -115,8 +124,11 @@ A11Y_SOURCE = ("DOM-derived outline (WebKit exposes no accessibility tree over W
                "names come from elements and ARIA attributes, not the engine's tree")
 CONSOLE_LIMIT = ("WebKit's WebDriver has no console API: rigd's hook records what a document logs after "
                  "it has loaded; output logged while a page loads (and uncaught errors before it) is missed")
-NO_FULL_PAGE = ("WebKit's WebDriver captures the viewport only: this is the visible part of the page "
-                "(scroll and take more screenshots for the rest)")
+STITCHED = ("WebKit's WebDriver captures the viewport only: the page was scrolled a viewport at a time "
+            "and the stills joined, so a fixed or sticky element appears once per viewport, and the page "
+            "saw scroll events")
+#: A full page is at most this many viewport stills (a tall page at a small viewport is cut, and said).
+MAX_STITCH = 32
 SCRIPT_SCROLL = ("WebKitGTK's WebDriver drops wheel input: the scrollable box under the point (or the page) "
                  "was scrolled by script, so the page got scroll events but no wheel events")
 PAGE_REALM = ("WebDriver classic has no isolated world: rigd's functions run in the page's own, where "
@@ -163,6 +175,9 @@ LOAD_STATE = """() => [location.href.substring(0, 8192),
 #: A mark on the current document (history: did the document change?).
 MARK = "(token) => { window.__rigdMark = token; return true; }"
 MARKED = "() => window.__rigdMark || null"
+#: Scroll the page to (x, y) at once; where it landed.
+SCROLL_TO = ("(y, x) => { window.scrollTo({left: x || 0, top: y, behavior: 'instant'}); "
+             "return [scrollX, scrollY]; }")
 #: The page's own view of its viewport.
 INNER = "() => [window.innerWidth, window.innerHeight, window.outerWidth, window.outerHeight]"
 
@@ -175,6 +190,30 @@ def _call(function: str) -> str:
             f"Promise.resolve().then(() => ({function}).apply(null, a)).then(\n"
             "  v => done(JSON.stringify(v === undefined ? null : v)),\n"
             "  e => done(JSON.stringify({__rigdThrew: String(e && e.message || e).substring(0, 300)})));")
+
+
+def stitch(parts: Sequence[tuple[int, bytes]], width: int, height: int, max_w: int, max_h: int,
+           quality: int) -> tuple[bytes, int, int]:
+    """Viewport stills (page y, PNG) joined into one ``width`` x ``height`` JPEG, scaled down to fit
+    ``max_w`` x ``max_h``. Every still is size-checked before it is decoded. Blocking (Pillow)."""
+    canvas = Image.new("RGB", (width, height), (255, 255, 255))
+    for top, data in parts:
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                w, h = img.size
+                if img.format != "PNG" or w * h > MAX_PIXELS:
+                    raise CDPProtocolError(f"screenshot: a {img.format} still of {w}x{h} is not a "
+                                           "viewport PNG")
+                canvas.paste(img.convert("RGB"), (0, top))
+        except (OSError, Image.DecompressionBombError) as exc:
+            raise CDPProtocolError("screenshot: a still does not decode") from exc
+    scale = min(1.0, max_w / width, max_h / height)
+    if scale < 1.0:
+        canvas = canvas.resize((max(1, round(width * scale)), max(1, round(height * scale))),
+                               Image.Resampling.LANCZOS)
+    buf = io.BytesIO()
+    canvas.save(buf, "JPEG", quality=max(1, min(95, quality)))
+    return buf.getvalue(), canvas.width, canvas.height
 
 
 class _ScriptError(CDPError):
@@ -614,6 +653,51 @@ class WebKitDriver:
                 "since": "the previous console extract (or the rig's start)",
                 "content": text_json("\n".join(lines), EXTRACT_MAX_BYTES), "note": "; ".join(notes)}
 
+    async def _png(self) -> bytes:
+        raw = await self._cmd("GET", "/screenshot", timeout=CAPTURE_TIMEOUT_S)
+        if not isinstance(raw, str) or len(raw) > IMAGE_MAX_BYTES * 4 // 3 + 4:
+            raise CDPProtocolError("screenshot: the image is not base64 text under the cap")
+        try:
+            return base64.b64decode(raw, validate=True)
+        except ValueError as exc:
+            raise CDPProtocolError("screenshot: the image is not base64") from exc
+
+    async def _full_page(self, notes: list[str]) -> tuple[bytes, int, int, dict[str, int]]:
+        """The page joined from viewport stills, top to bottom (its scroll put back after)."""
+        got = await self._script(PAGE_SIZE)
+        if not (isinstance(got, list) and len(got) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in got)):
+            raise CDPProtocolError("screenshot: the page's size is not two integers")
+        width, height = max(1, got[0]), max(1, got[1])
+        vw, vh = self.viewport.width, self.viewport.height
+        if height > FULL_PAGE_MAX_HEIGHT:
+            notes.append(f"the page is {height} px tall; only the top {FULL_PAGE_MAX_HEIGHT} px "
+                         "were captured")
+        if width > vw:
+            notes.append(f"the page is {width} px wide; only the left {vw} px (the viewport's width) "
+                         "were captured")
+        tall = min(height, FULL_PAGE_MAX_HEIGHT, vh * MAX_STITCH)
+        if tall < min(height, FULL_PAGE_MAX_HEIGHT):
+            notes.append(f"only the top {tall} px ({MAX_STITCH} viewports) were captured")
+        before = await self._scroll_position()
+        parts: list[tuple[int, bytes]] = []
+        try:
+            top = 0
+            while top < tall and len(parts) < MAX_STITCH:
+                at = scroll_xy(await self._script(SCROLL_TO, top))
+                landed = at[1] if at is not None else top
+                if parts and landed <= parts[-1][0]:
+                    break  # the page stopped scrolling (it shrank, or pins its scroll)
+                parts.append((landed, await self._png()))
+                top = landed + vh
+        finally:
+            if before is not None:
+                with contextlib.suppress(CDPError):
+                    await self._script(SCROLL_TO, before[1], before[0])
+        data, iw, ih = await trio.to_thread.run_sync(stitch, parts, vw, tall, AGENT_STILL_MAX.width,
+                                                     FULL_PAGE_MAX_HEIGHT, 75)
+        return data, iw, ih, {"width": width, "height": height}
+
     async def _screenshot(self, max_w: int, max_h: int, quality: int) -> tuple[bytes, int, int]:
         raw = await self._cmd("GET", "/screenshot", timeout=CAPTURE_TIMEOUT_S)
         if not isinstance(raw, str) or len(raw) > IMAGE_MAX_BYTES * 4 // 3 + 4:
@@ -627,20 +711,26 @@ class WebKitDriver:
 
     async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
         cap = AGENT_STILL_MAX
-        data, iw, ih = await self._screenshot(cap.width, cap.height, 75)
-        notes = ["scale is CSS pixels per image pixel: image point (x, y) is viewport point "
-                 "(x*scale, y*scale)"]
+        notes = ["scale is CSS pixels per image pixel: image point (x, y) is "
+                 + ("page" if a.full_page else "viewport") + " point (x*scale, y*scale)"]
+        page_size = None
         if a.full_page:
-            notes.append(NO_FULL_PAGE)
-        return {
+            notes.append(STITCHED)
+            data, iw, ih, page_size = await self._full_page(notes)
+        else:
+            data, iw, ih = await self._screenshot(cap.width, cap.height, 75)
+        out: dict[str, Any] = {
             "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
             "display": self.viewport.to_json(),
             "imageSize": {"width": iw, "height": ih},
             "scale": round(self.viewport.width / iw, 6),
-            "fullPage": False,
+            "fullPage": a.full_page,
             "source": "webdriver",
             "note": "; ".join(notes),
         }
+        if page_size is not None:
+            out["pageSize"] = page_size
+        return out
 
     async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
         return await self._screenshot(max_w, max_h, quality)

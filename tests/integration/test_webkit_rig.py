@@ -100,6 +100,9 @@ def test_navigate_fill_click_type_and_read_back(webkit: World) -> None:
     shot = act(srv, rig, action="screenshot")
     with Image.open(io.BytesIO(base64.b64decode(shot["image"]["data"]))) as img:
         assert img.format == "JPEG" and img.size == (1280, 800) and shot["source"] == "webdriver"
+    small = act(srv, rig, action="set_viewport", width=320, height=240)
+    assert small == {"display": {"width": 320, "height": 240}, "changed": True}, small
+    act(srv, rig, action="set_viewport", width=1280, height=800)
     hard = act(srv, rig, action="reload", hard=True)
     assert hard["loaded"] is True and hard["hard"] is False and "no hard reload" in hard["note"]
     act(srv, rig, action="click", selector="#next")

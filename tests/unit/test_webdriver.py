@@ -271,4 +271,5 @@ def test_the_webkit_launch_runs_unprivileged_on_its_own_display_and_guest_loopba
     assert "/usr/bin/Xvfb :99" in script and "-nolisten tcp" in script
     assert "DISPLAY=:99 /usr/bin/WebKitWebDriver --host=127.0.0.1 --port=9223" in script
     assert "echo $! >/run/rigd-browser.pid" in script
+    assert '"$p/.config/gtk-3.0/gtk.css"' in script  # MiniBrowser's chrome shrunk: 320 px viewports
     assert "sleep 0.05" in script and "-lt 600" in script  # a bounded wait for the display's socket
