@@ -33,16 +33,11 @@ The frame is stateless: the display the rig reports now, fitted into
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
-import io
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from PIL import Image
 
 from rigd.errors import BackendError, FieldError
 from rigd.frames import fit
@@ -144,6 +139,14 @@ class Frame:
                                    f"and y 0-{h - 1} (pixels of the {w}x{h} image)")
         return [min(self.display.width - 1, math.floor(x * self.scale + 0.5)),
                 min(self.display.height - 1, math.floor(y * self.scale + 0.5))]
+
+    def region_to_display(self, region: tuple[int, int, int, int]) -> list[int]:
+        """An image region ``[x1, y1, x2, y2]`` (checked against the image by :meth:`Call.plan`)
+        as display pixels, never empty."""
+        x1, y1, x2, y2 = (math.floor(v * self.scale + 0.5) for v in region)
+        w, h = self.display.width, self.display.height
+        x1, y1 = min(x1, w - 1), min(y1, h - 1)
+        return [x1, y1, max(x1 + 1, min(x2, w)), max(y1 + 1, min(y2, h))]
 
     def to_image(self, x: int, y: int) -> tuple[int, int]:
         return (min(self.image.width - 1, math.floor(x / self.scale)),
@@ -451,7 +454,13 @@ def _anthropic(args: object) -> Call:
             return out
 
         steps.append(Step(where, build, fields=_A_FIELDS))
-    if observe is not Observe.CURSOR:
+    if observe is Observe.ZOOM:
+        assert region is not None
+        box = region
+        # The region at the display's own resolution: computer_use's zoom, in display pixels.
+        steps.append(Step(where, lambda f: {"action": "zoom", "region": f.region_to_display(box)},
+                          fields={"region": "region"}))
+    elif observe is not Observe.CURSOR:
         steps.append(_shot(where))
     return Call(Dialect.ANTHROPIC, COMPUTER, Tool.COMPUTER_USE, rig_id, tuple(steps), observe, verb, region)
 
@@ -884,10 +893,10 @@ def render(call: Call, frame: Frame, result: Mapping[str, Any]) -> dict[str, Any
         text = (f"X={ix},Y={iy} (pixels of the {frame.image.width}x{frame.image.height} screenshot; "
                 f"display pixel {coordinate[0]},{coordinate[1]}).")
         return {"content": [{"type": "text", "text": text}], "isError": False}
-    image, display, size, scale = _still(result)
     if call.observe is Observe.ZOOM:
         assert call.region is not None
-        return zoom(call.region, frame, image, size, scale)
+        return zoomed(call.region, frame, result)
+    image, display, size, scale = _still(result)
     if call.dialect is Dialect.GEMINI:
         text = (f"Screenshot of the {display.width}x{display.height} viewport as a "
                 f"{size.width}x{size.height} image. x and y of click_at and the other actions are "
@@ -906,36 +915,11 @@ def render(call: Call, frame: Frame, result: Mapping[str, Any]) -> dict[str, Any
     return {"content": content, "isError": False}
 
 
-def zoom(region: tuple[int, int, int, int], frame: Frame, image: Mapping[str, str], size: Display,
-         scale: float) -> dict[str, Any]:
-    """A region of a screenshot (``region`` in the frame's image pixels), enlarged to
-    fit the agent's still size. It holds the screenshot's detail: the display's own
-    when the screenshot is not scaled down (scale 1)."""
-    try:
-        raw = base64.b64decode(image["data"], validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BackendError("the rig's screenshot is not valid base64") from exc
+def zoomed(region: tuple[int, int, int, int], frame: Frame, result: Mapping[str, Any]) -> dict[str, Any]:
+    """computer_use zoom's answer (the region at the display's resolution) as model content."""
+    image, _display, size, _scale = _still(result)
     x1, y1, x2, y2 = region
-    # frame image px → display px → this screenshot's px (the display may have changed).
-    box = tuple(math.floor(v * frame.scale / scale + 0.5) for v in (x1, y1, x2, y2))
-    try:
-        with Image.open(io.BytesIO(raw)) as src:
-            if src.size != (size.width, size.height):
-                raise BackendError(f"the rig's screenshot is {src.size[0]}x{src.size[1]}, not the "
-                                   f"{size.width}x{size.height} it claims")
-            left, top = min(box[0], size.width - 1), min(box[1], size.height - 1)
-            right, bottom = max(left + 1, min(box[2], size.width)), max(top + 1, min(box[3], size.height))
-            crop = src.convert("RGB").crop((left, top, right, bottom))
-    except (OSError, Image.DecompressionBombError) as exc:
-        raise BackendError(f"the rig's screenshot does not decode: {exc}") from exc
-    cw, ch = crop.size
-    factor = min(AGENT_STILL_MAX.width / cw, AGENT_STILL_MAX.height / ch)
-    out_w, out_h = max(1, round(cw * factor)), max(1, round(ch * factor))
-    enlarged = crop.resize((out_w, out_h), Image.Resampling.LANCZOS)
-    buf = io.BytesIO()
-    enlarged.save(buf, "PNG", compress_level=1)
-    shown = {"data": base64.b64encode(buf.getvalue()).decode(), "mediaType": "image/png"}
-    text = (f"Zoom of [{x1}, {y1}, {x2}, {y2}] of the screenshot, shown {out_w}x{out_h} "
-            f"({round(factor, 3)}x). Coordinates for actions stay pixels of the full "
+    text = (f"Zoom of [{x1}, {y1}, {x2}, {y2}] of the screenshot at the display's own resolution, "
+            f"shown {size.width}x{size.height}. Coordinates for actions stay pixels of the full "
             f"{frame.image.width}x{frame.image.height} screenshot.")
-    return {"content": [_image(shown), {"type": "text", "text": text}], "isError": False}
+    return {"content": [_image(image), {"type": "text", "text": text}], "isError": False}

@@ -128,6 +128,9 @@ def definitions() -> list[ChatCompletionToolParam]:
                         "width": {"type": "integer", "minimum": 640, "maximum": 2560},
                         "height": {"type": "integer", "minimum": 480, "maximum": 1600},
                         "selection": {"type": "string", "enum": ["clipboard", "primary", "xdnd"]},
+                        "region": {"type": "array", "items": {"type": "integer"}, "minItems": 4,
+                                   "maxItems": 4, "description": "zoom: [x1, y1, x2, y2] of the display, "
+                                   "shown at the display's own resolution"},
                     },
                     "required": ["action"],
                     "additionalProperties": False,

@@ -71,7 +71,7 @@ from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
 from rigd.frames import Changes, Lane, Still, encode_still
 from rigd.framing import untrusted_bytes
 from rigd.images.importer import ImportedImage
-from rigd.model import AGENT_STILL_MAX, BACKEND_OF, DESKTOP_SESSION_USER, Accel, Backend, Surface
+from rigd.model import AGENT_STILL_MAX, BACKEND_OF, DESKTOP_SESSION_USER, Accel, Backend, Display, Surface
 from rigd.protocols import input as qin
 from rigd.protocols.guest import PROTO_DESKTOP, DamageNotice, Stream
 from rigd.verbs import computer as cv
@@ -235,6 +235,7 @@ class DesktopDriver:
         #: Verb -> handler: the dispatch table (a test proves it covers every computer_use verb).
         self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             "screenshot": self._do_screenshot, "cursor_position": self._do_cursor_position,
+            "zoom": self._do_zoom,
             "mouse_move": self._do_mouse_move, "left_click": self._click, "right_click": self._click,
             "middle_click": self._click, "double_click": self._click, "triple_click": self._click,
             "left_mouse_down": self._do_left_mouse_down, "left_mouse_up": self._do_left_mouse_up,
@@ -628,6 +629,27 @@ class DesktopDriver:
         out["cursorMarked"] = marked
         return out
 
+    async def _do_zoom(self, a: cv.ComputerZoom) -> dict[str, Any]:
+        """The region at the display's own resolution: a full-size still, cut on the host
+        (scaled down only when the region is larger than an agent still)."""
+        x1, y1, x2, y2 = a.region
+        dw, dh = self.display
+        if x2 > dw or y2 > dh:
+            raise FieldError("action.region", f"reaches outside the {dw}x{dh} display")
+        still, source, _cursor, _marked = await self.still(max_w=dw, max_h=dh, quality=ZOOM_QUALITY,
+                                                           mark_cursor=False)
+        data, iw, ih = await trio.to_thread.run_sync(crop_still, still, a.region, AGENT_STILL_MAX)
+        return {
+            "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
+            "region": list(a.region),
+            "display": {"width": still.display_w, "height": still.display_h},
+            "imageSize": {"width": iw, "height": ih},
+            "scale": round((x2 - x1) / iw, 6),
+            "source": source,
+            "note": "scale is display pixels per image pixel: image point (x, y) is display point "
+                    f"({x1} + x*scale, {y1} + y*scale)",
+        }
+
     async def _guest_pointer(self) -> tuple[int, int] | None:
         """Where the guest's X server has the pointer (the agent's ``cursor``), or None."""
         if not self._agent_has("cursor"):
@@ -824,6 +846,36 @@ class DesktopDriver:
         async with self.input_lock:
             written = await self._write_selection("clipboard", a.text)
         return {"selection": "clipboard", "bytes": written}
+
+
+#: A zoom's full-size still (its detail is the point).
+ZOOM_QUALITY = 90
+
+
+def crop_still(still: Still, region: tuple[int, int, int, int], cap: Display) -> tuple[bytes, int, int]:
+    """``region`` (display pixels) of a still, as a JPEG at the display's resolution, scaled down
+    to fit ``cap`` only when larger. The still's size is checked before anything is decoded.
+    Blocking (Pillow)."""
+    x1, y1, x2, y2 = region
+    sx, sy = still.image_w / still.display_w, still.image_h / still.display_h
+    box = (int(x1 * sx), int(y1 * sy), max(int(x1 * sx) + 1, round(x2 * sx)),
+           max(int(y1 * sy) + 1, round(y2 * sy)))
+    try:
+        with Image.open(io.BytesIO(still.data)) as img:
+            if img.size != (still.image_w, still.image_h):
+                raise BackendError(f"the still is {img.size[0]}x{img.size[1]}, not the "
+                                   f"{still.image_w}x{still.image_h} it claims")
+            part = img.convert("RGB").crop(box)
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise BackendError(f"zoom: the still does not decode: {exc}") from exc
+    w, h = x2 - x1, y2 - y1
+    scale = min(1.0, cap.width / w, cap.height / h)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    if part.size != size:
+        part = part.resize(size, Image.Resampling.LANCZOS)
+    buf = io.BytesIO()
+    part.save(buf, "JPEG", quality=ZOOM_QUALITY)
+    return buf.getvalue(), part.width, part.height
 
 
 #: The desktop image's session user (images/desktop/customize.sh, lightdm autologin).

@@ -99,6 +99,7 @@ from rigd.verbs.computer import (
     ComputerTripleClick,
     ComputerType,
     ComputerWait,
+    ComputerZoom,
 )
 from rigd.verbs.ios import (
     IosHome,
@@ -182,6 +183,7 @@ __all__ = [
     "ComputerTripleClick",
     "ComputerType",
     "ComputerWait",
+    "ComputerZoom",
     "ExtractKind",
     "HistoryDirection",
     "IosAction",

@@ -3,6 +3,10 @@ computer-use tool (``computer_20250124``) so a model trained on it needs no
 new habits.
 
 - ``screenshot`` ○, ``cursor_position`` ○: no fields.
+- ``zoom`` ○: ``region`` ``[x1, y1, x2, y2]``, the top-left and bottom-right
+  corners in display pixels (``x1 < x2 <= width``, ``y1 < y2 <= height``):
+  that part of the screen at the display's own resolution (scaled down only
+  when it is larger than an agent still), as ``computer_20251124`` defines it.
 - ``mouse_move``: ``coordinate``.
 - ``left_click``, ``right_click``, ``middle_click``, ``double_click``,
   ``triple_click``: optional ``coordinate`` (else at the pointer); optional
@@ -36,8 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rigd.verbs._args import Args, VerbSpec, no_fields, table
+from rigd.verbs._args import Args, VerbSpec, is_int, no_fields, table
 from rigd.verbs.base import (
+    COORD_MAX,
     DESKTOP_MAX,
     DESKTOP_MIN,
     DURATION_MAX_S,
@@ -56,6 +61,13 @@ from rigd.verbs.masking import keep_if, mask
 class ComputerScreenshot(ComputerAction):
     verb = "screenshot"
     observation = True
+
+
+@dataclass(frozen=True, slots=True)
+class ComputerZoom(ComputerAction):
+    verb = "zoom"
+    observation = True
+    region: tuple[int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +203,20 @@ class ComputerClipboardWrite(ComputerAction):
     text: str = field(repr=False)
 
 
+def _region(a: Args) -> tuple[int, int, int, int]:
+    value = a.get("region")
+    display = a.ctx.display
+    inside = f" inside the {display.width}x{display.height} display" if display is not None else ""
+    rule = f"must be [x1, y1, x2, y2], the top-left and bottom-right corners{inside}, x1 < x2 and y1 < y2"
+    if not (isinstance(value, list) and len(value) == 4 and all(is_int(v) for v in value)):
+        raise a.error("region", rule)
+    x1, y1, x2, y2 = (int(v) for v in value)
+    w, h = (display.width, display.height) if display is not None else (COORD_MAX + 1, COORD_MAX + 1)
+    if not (0 <= x1 < x2 <= w and 0 <= y1 < y2 <= h):
+        raise a.error("region", rule)
+    return x1, y1, x2, y2
+
+
 def _modifiers(a: Args) -> tuple[str, ...]:
     return a.check("text", parse_x11_modifiers) if a.has("text") else ()
 
@@ -226,6 +252,7 @@ _TEXT_ONLY = (
 VERBS = table(
     VerbSpec(ComputerScreenshot, (), no_fields(ComputerScreenshot)),
     VerbSpec(ComputerCursorPosition, (), no_fields(ComputerCursorPosition)),
+    VerbSpec(ComputerZoom, ("region",), lambda a: ComputerZoom(_region(a))),
     VerbSpec(
         ComputerMouseMove, ("coordinate",),
         lambda a: ComputerMouseMove(a.coordinate("coordinate")),

@@ -163,7 +163,9 @@ def test_anthropic_actions_become_computer_use_actions_then_a_screenshot(verb: s
     call = translate(Dialect.ANTHROPIC, "computer", {"action": verb, **args, "rigId": "rig_1"})
     assert call is not None and call.rig_id == "rig_1" and call.surface == "computer"
     actions = [p.action for p in call.plan(BIG)]
-    tail = [] if verb == "cursor_position" else [{"action": "screenshot"}]
+    # zoom's observation is computer_use's zoom (the region in display pixels: scale 2 here).
+    tail = ([] if verb == "cursor_position" else [{"action": "zoom", "region": [0, 0, 1280, 800]}]
+            if verb == "zoom" else [{"action": "screenshot"}])
     assert actions == expected + tail
 
 
@@ -436,22 +438,19 @@ def test_the_cursor_position_is_given_in_image_pixels() -> None:
     assert out["content"][0]["text"].startswith("X=640,Y=400")
 
 
-def test_zoom_crops_the_region_and_enlarges_it() -> None:
-    data = _png(1280, 800, (100, 100, 200, 150))
+def test_zoom_asks_the_rig_for_the_region_at_display_resolution_and_shows_its_answer() -> None:
     call = _call(Dialect.ANTHROPIC, "computer", {"action": "zoom", "region": [100, 100, 200, 150]})
-    image, text = render(call, SAME, shot(data, display=(1280, 800), scale=1.0))["content"]
-    with Image.open(io.BytesIO(base64.b64decode(image["data"]))) as zoomed:
-        assert zoomed.size == (1280, 640)
-        assert zoomed.convert("RGB").getpixel((640, 320)) == (255, 0, 0)
-    assert "Zoom of [100, 100, 200, 150]" in text["text"] and "1280x800 screenshot" in text["text"]
+    # On a 2560x1600 display shown 1280x800, image region -> display region (scale 2).
+    assert [p.action for p in call.plan(BIG)] == [{"action": "zoom", "region": [200, 200, 400, 300]}]
+    data = _png(200, 100, (0, 0, 200, 100))
+    image, text = render(call, BIG, shot(data, display=(2560, 1600), size=(200, 100), scale=1.0))["content"]
+    assert image == {"type": "image", "data": data, "mimeType": "image/png"}
+    assert "Zoom of [100, 100, 200, 150]" in text["text"] and "display's own resolution" in text["text"]
+    assert "1280x800 screenshot" in text["text"]
 
 
-@pytest.mark.parametrize("result", [
-    shot(_png(10, 10), display=(1280, 800), scale=1.0),  # claims 1280x800, holds 10x10
-    shot("!!notbase64", display=(1280, 800), scale=1.0),
-    shot(base64.b64encode(b"not an image").decode(), display=(1280, 800), scale=1.0),
-])
-def test_a_zoom_of_a_lying_screenshot_is_a_backend_error(result: dict[str, Any]) -> None:
+@pytest.mark.parametrize("result", [shot(scale=True), {"image": "AAAA"}, shot(size=(0, 8))])
+def test_a_malformed_zoom_answer_is_a_backend_error(result: dict[str, Any]) -> None:
     call = _call(Dialect.ANTHROPIC, "computer", {"action": "zoom", "region": [0, 0, 10, 10]})
     with pytest.raises(BackendError):
         render(call, SAME, result)

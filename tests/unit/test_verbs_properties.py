@@ -89,6 +89,7 @@ GOOD: dict[str, st.SearchStrategy[object]] = {
     "env": st.dictionaries(st.sampled_from(["A", "_B"]), TEXT.filter(lambda t: "\x00" not in t)),
     "stdin": TEXT,
     "user": st.sampled_from(["root", "rig"]),
+    "region": st.just([0, 0, 10, 10]),
     "modifiers": st.lists(st.sampled_from(["command", "shift"]), max_size=2, unique=True),
 }
 
