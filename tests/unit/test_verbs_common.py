@@ -28,11 +28,12 @@ def err(tool: object, payload: object, ctx: ParseContext = CTX) -> FieldError:
     return result
 
 
-# RIGS.md §4, verbatim: every verb of every tool, ○ marking observations.
+# RIGS.md §4, verbatim (plus computer_use's zoom, issue 13): every verb of every tool, ○ marking
+# observations.
 SPEC_VERBS = {
     Tool.TERMINAL_USE: "exec",
     Tool.COMPUTER_USE: (
-        "screenshot○ cursor_position○ mouse_move left_click right_click middle_click "
+        "screenshot○ cursor_position○ zoom○ mouse_move left_click right_click middle_click "
         "double_click triple_click left_mouse_down left_mouse_up left_click_drag scroll key "
         "hold_key type wait○ set_display clipboard_read○ clipboard_write"
     ),
@@ -115,7 +116,7 @@ def test_unknown_verb_lists_the_verbs_and_suggests() -> None:
     e = err("computer_use", {"action": "clik"})
     assert e.field == "action.action"
     assert e.reason.startswith("unknown computer_use verb 'clik' (did you mean 'left_click'?)")
-    assert "; one of: screenshot, cursor_position, mouse_move," in e.reason
+    assert "; one of: screenshot, cursor_position, zoom, mouse_move," in e.reason
 
 
 def test_a_verb_of_another_tool_is_named_as_such() -> None:
