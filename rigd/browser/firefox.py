@@ -29,7 +29,6 @@ import contextlib
 import io
 import json
 import logging
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -60,7 +59,6 @@ from rigd.browser.page import (
     DRAG_STEPS,
     EXTRACT_MAX_BYTES,
     FILL,
-    FIND,
     FOCUSED_EDITABLE,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
@@ -73,16 +71,19 @@ from rigd.browser.page import (
     TITLE,
     TITLE_MAX_CHARS,
     TITLE_TIMEOUT_S,
-    WAIT_FOR_POLL_S,
     WHEEL_NOTCH_PX,
     WORLD_NAME,
     PageError,
+    check_fill_verdict,
     check_point,
+    element_centre,
     origin_of,
     scroll_xy,
     selector_engine,
     settled,
     text_json,
+    typed,
+    wait_for_selector,
 )
 from rigd.browser.profiles import ProfileState, parse_state
 from rigd.errors import Conflict, FieldError
@@ -465,22 +466,7 @@ class FirefoxDriver:
 
     async def _element_point(self, selector: str) -> tuple[int, int]:
         engine, body = selector_engine(selector)
-        got = await self._script(POINT, engine, body)
-        if not isinstance(got, dict) or got.get("invalid"):
-            raise FieldError("action.selector", "is not a valid " + ("XPath expression" if engine == "xpath"
-                                                                      else f"{engine} selector"))
-        if not got.get("found"):
-            raise FieldError("action.selector", "matches no element on the page")
-        x, y = got.get("x"), got.get("y")
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                   for v in (x, y)):
-            raise FieldError("action.selector", "matches an element that is not rendered (it has no box)")
-        assert isinstance(x, int | float) and isinstance(y, int | float)
-        px, py = math.floor(x), math.floor(y)
-        if not (0 <= px < self.viewport.width and 0 <= py < self.viewport.height):
-            raise FieldError("action.selector", f"matches an element whose centre ({px}, {py}) is outside "
-                                                f"the {self.viewport.width}x{self.viewport.height} viewport")
-        return px, py
+        return element_centre(await self._script(POINT, engine, body), engine, self.viewport)
 
     # -- pointer --
 
@@ -575,26 +561,13 @@ class FirefoxDriver:
         focused = await self._script(f"() => {FOCUSED_EDITABLE}") is True
         async with self._input_lock:
             await self._keys(actions)
-        out: dict[str, Any] = {"characters": len(a.text), "via": "key actions", "focusedEditable": focused}
-        if not focused:
-            out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
-                           "have gone nowhere; click the field (or use fill) first")
-        return out
+        return typed(len(a.text), focused)
 
     async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
         engine, body = selector_engine(a.selector)
         actions = text_actions(a.text)
         async with self._input_lock:
-            verdict = await self._script(FILL, engine, body, not a.text)
-            if verdict == "invalid":
-                raise FieldError("action.selector", f"is not a valid {engine} selector")
-            if verdict == "missing":
-                raise FieldError("action.selector", "matches no element on the page")
-            if verdict == "disabled":
-                raise FieldError("action.selector", "matches a field that is disabled or read-only")
-            if verdict != "ok":
-                raise FieldError("action.selector", f"matches an element that is {str(verdict)[:80]}; fill "
-                                                    "takes an input, textarea or contenteditable element")
+            check_fill_verdict(await self._script(FILL, engine, body, not a.text), engine)
             await self._keys(actions)
         return {"selector": a.selector, "characters": len(a.text)}
 
@@ -727,24 +700,7 @@ class FirefoxDriver:
         return out
 
     async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
-        engine, body = selector_engine(a.selector)
-        start = trio.current_time()
-        found = False
-        with trio.move_on_after(a.timeout_s):
-            while True:
-                with contextlib.suppress(CDPError):
-                    got = await self._script(FIND, engine, body)
-                    if isinstance(got, dict) and got.get("invalid"):
-                        raise FieldError("action.selector", f"is not a valid {engine} selector")
-                    found = isinstance(got, dict) and got.get("found") is True
-                if found:
-                    break
-                await trio.sleep(WAIT_FOR_POLL_S)
-        out: dict[str, Any] = {"selector": a.selector, "found": found,
-                               "waitedS": round(trio.current_time() - start, 3)}
-        if not found:
-            out["note"] = f"no element matched within {a.timeout_s:g} s"
-        return out
+        return await wait_for_selector(self._script, a.selector, a.timeout_s, CDPError)
 
     # -- clipboard --
 

@@ -13,6 +13,7 @@ preparing a field for ``fill``, putting a profile's local storage back), and
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -300,6 +301,76 @@ async def settled(read: Callable[[], Awaitable[T]]) -> T:
                 break
             last = now
     return last
+
+
+# -- answers of the page functions, read the same for every engine that calls them -------------
+
+#: A page function's caller: (function, *args) -> its JSON answer (BiDi's callFunction, WebDriver's execute).
+CallPage = Callable[..., Awaitable[Any]]
+
+
+def element_centre(got: Any, engine: str, viewport: Display) -> tuple[int, int]:
+    """:data:`POINT`'s answer as the element's centre in the viewport, or the field error saying why not."""
+    if not isinstance(got, dict) or got.get("invalid"):
+        raise FieldError("action.selector", "is not a valid " + ("XPath expression" if engine == "xpath"
+                                                                  else f"{engine} selector"))
+    if not got.get("found"):
+        raise FieldError("action.selector", "matches no element on the page")
+    x, y = got.get("x"), got.get("y")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (x, y)):
+        raise FieldError("action.selector", "matches an element that is not rendered (it has no box)")
+    assert isinstance(x, int | float) and isinstance(y, int | float)
+    px, py = math.floor(x), math.floor(y)
+    if not (0 <= px < viewport.width and 0 <= py < viewport.height):
+        raise FieldError("action.selector", f"matches an element whose centre ({px}, {py}) is outside "
+                                            f"the {viewport.width}x{viewport.height} viewport")
+    return px, py
+
+
+def check_fill_verdict(verdict: Any, engine: str) -> None:
+    """The field error for :data:`FILL`'s answer unless it is ``ok``."""
+    if verdict == "invalid":
+        raise FieldError("action.selector", f"is not a valid {engine} selector")
+    if verdict == "missing":
+        raise FieldError("action.selector", "matches no element on the page")
+    if verdict == "disabled":
+        raise FieldError("action.selector", "matches a field that is disabled or read-only")
+    if verdict != "ok":
+        raise FieldError("action.selector", f"matches an element that is {str(verdict)[:80]}; fill "
+                                            "takes an input, textarea or contenteditable element")
+
+
+def typed(characters: int, focused: bool) -> dict[str, Any]:
+    """A key-action ``type``'s answer."""
+    out: dict[str, Any] = {"characters": characters, "via": "key actions", "focusedEditable": focused}
+    if not focused:
+        out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
+                       "have gone nowhere; click the field (or use fill) first")
+    return out
+
+
+async def wait_for_selector(call: CallPage, selector: str, timeout_s: float,
+                            transient: type[Exception]) -> dict[str, Any]:
+    """``wait_for``: ask :data:`FIND` every :data:`WAIT_FOR_POLL_S` until an element matches or
+    ``timeout_s`` passes (``transient`` errors, a navigation in between, are asked again)."""
+    engine, body = selector_engine(selector)
+    start = trio.current_time()
+    found = False
+    with trio.move_on_after(timeout_s):
+        while True:
+            with contextlib.suppress(transient):
+                got = await call(FIND, engine, body)
+                if isinstance(got, dict) and got.get("invalid"):
+                    raise FieldError("action.selector", f"is not a valid {engine} selector")
+                found = isinstance(got, dict) and got.get("found") is True
+            if found:
+                break
+            await trio.sleep(WAIT_FOR_POLL_S)
+    out: dict[str, Any] = {"selector": selector, "found": found,
+                           "waitedS": round(trio.current_time() - start, 3)}
+    if not found:
+        out["note"] = f"no element matched within {timeout_s:g} s"
+    return out
 
 
 class PageDriver(Protocol):
