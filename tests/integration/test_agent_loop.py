@@ -1,105 +1,41 @@
-"""``rigd agent`` end to end without VMs: the real command (the ``openai`` SDK's client, the RPC
-client) against a scripted OpenAI-compatible endpoint on loopback (``http.server`` in a thread)
-and a real rigd server. The model only lists rigs and makes a call the loop refuses, so no rig
-boots; what the endpoint was sent is checked afterwards."""
+"""``rigd agent`` end to end: the real command (the ``openai`` SDK's client, the RPC client)
+against a scripted OpenAI-compatible endpoint on loopback and a real rigd server. The first
+tests boot no rig (the model lists rigs and makes a call the loop refuses); the last has the
+model do a task in a real terminal rig, which the run closes. What the endpoint was sent is
+checked afterwards. The desktop's turn is in test_computer (it shares that module's rig)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import threading
+import contextlib
+import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, Server, make_data_dir, serving
+from tests.integration.conftest import Server, make_data_dir, serving
+from tests.integration.scripted_model import (
+    API_KEY,
+    ScriptedEndpoint,
+    run_agent,
+    scripted_endpoint,
+    tool_call,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-API_KEY = "sk-test-" + "7" * 24
-
-
-@dataclass
-class ScriptedEndpoint:
-    """``/v1/chat/completions`` answering the n-th request with ``script[n]`` (an assistant message,
-    or ``(status, body)``); every request's headers and body are kept."""
-
-    script: list[dict[str, Any] | tuple[int, dict[str, Any]]]
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    base_url: str = ""
-
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                endpoint.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
-                                          "body": body})
-                n = len(endpoint.requests) - 1
-                step = endpoint.script[n] if n < len(endpoint.script) else (500, {"error": {
-                    "message": "the script is over"}})
-                if isinstance(step, tuple):
-                    status, reply = step
-                else:
-                    status, reply = 200, {
-                        "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0,
-                        "model": body.get("model"),
-                        "choices": [{"index": 0, "message": {"role": "assistant", **step},
-                                     "finish_reason": "tool_calls" if step.get("tool_calls") else "stop"}]}
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        return Handler
 
 
 @pytest.fixture
 def endpoint_factory() -> Iterator[Callable[[list[Any]], ScriptedEndpoint]]:
-    servers: list[ThreadingHTTPServer] = []
-
-    def start(script: list[Any]) -> ScriptedEndpoint:
-        endpoint = ScriptedEndpoint(script)
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), endpoint.handler())
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        servers.append(httpd)
-        endpoint.base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-        return endpoint
-
-    yield start
-    for httpd in servers:
-        httpd.shutdown()
-        httpd.server_close()
+    with contextlib.ExitStack() as stack:
+        yield lambda script: stack.enter_context(scripted_endpoint(script))
 
 
 @pytest.fixture(scope="module")
 def rigd_server() -> Iterator[Server]:
     with serving(make_data_dir()) as srv:
         yield srv
-
-
-def run_agent(srv: Server, endpoint: ScriptedEndpoint, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    token_file = tmp_path / "token"
-    token_file.write_text(srv.token + "\n")
-    token_file.chmod(0o600)
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("RIGD_")}
-    env |= {"OPENAI_API_KEY": API_KEY, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "rigd.cli", "agent", "--url", srv.url, "--token-file", str(token_file),
-            "--base-url", endpoint.base_url, "--model", "scripted-1", "--workspace", "default", *extra,
-            "How many rigs are open?"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
 
 
 def test_the_real_sdk_path_lists_rigs_reads_a_refusal_and_answers(
@@ -167,3 +103,31 @@ def test_a_step_limit_stops_the_run(
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert len(endpoint.requests) == 2
     assert proc.stdout.splitlines()[-1] == "stopped: the step limit (2) was reached before a final answer"
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU")
+def test_a_task_in_a_real_terminal_rig_is_done_and_the_rig_closed(
+        rigd_server: Server, endpoint_factory: Callable[[list[Any]], ScriptedEndpoint], tmp_path: Path) -> None:
+    endpoint = endpoint_factory([
+        {"content": "Writing the file.", "tool_calls": [tool_call("call_1", "terminal_use", {
+            "action": "exec", "command": "echo agent-$((6*7)) > /tmp/task.txt && uname -s"})]},
+        {"content": None, "tool_calls": [tool_call("call_2", "terminal_use", {
+            "action": "exec", "argv": ["cat", "/tmp/task.txt"]})]},
+        {"content": "The file says agent-42."},
+    ])
+    proc = run_agent(rigd_server, endpoint, tmp_path, "--conversation", "c-task", timeout_s=360,
+                     task="Write agent-42 to /tmp/task.txt in a terminal and read it back.")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(endpoint.requests) == 3
+    first, second = (endpoint.requests[i]["body"]["messages"][-1] for i in (1, 2))
+    assert first["role"] == "tool" and first["tool_call_id"] == "call_1"
+    assert "Linux" in first["content"] and "exit code: 0" in first["content"], first
+    assert second["tool_call_id"] == "call_2" and "agent-42" in second["content"], second
+    # The rig the run opened for its conversation is closed at the end, and said so.
+    [rig] = [r for r in rigd_server.call("rig.list", {"workspace": "default", "includeClosed": True})
+             if r.get("conversation") == "c-task"]
+    assert rig["surface"] == "terminal" and rig["phase"] == "closed", rig
+    assert f"closed {rig['id']}" in proc.stdout.splitlines(), proc.stdout
+    assert "[3] done: the model answered" in proc.stdout

@@ -4,18 +4,16 @@ without warm starts or networks, and the only tool called is ``rig_list``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 
 import httpx2
 import mcp_types as types
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
 from tests.integration.conftest import Server, make_data_dir, serving
+from tests.integration.mcp_clients import http_mcp, text_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,22 +37,9 @@ def agent(server: Server) -> str:
     return str(server.call("token.create", {"user": "bot", "label": "mcp"})["token"])
 
 
-@asynccontextmanager
-async def client(server: Server, token: str, mode: str = "legacy", path: str = "/mcp",
-                 **headers: str) -> AsyncIterator[Client]:
-    """An SDK client of ``/mcp`` (the HTTP client is ours to close: the transport leaves it open)."""
-    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}", **headers}, timeout=30) as http,
-                Client(streamable_http_client(server.url + path, http_client=http), mode=mode) as c):  # type: ignore[arg-type]
-        yield c
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
-
-
 async def test_mcp_over_http_lists_and_calls_with_an_agent_token(plain_server: Server) -> None:
     token = agent(plain_server)
-    async with client(plain_server, token, **{WORKSPACE_HEADER: "default", CONVERSATION_HEADER: "c-http"}) as c:
+    async with http_mcp(plain_server, token, **{WORKSPACE_HEADER: "default", CONVERSATION_HEADER: "c-http"}) as c:
         assert c.server_info is not None and c.server_info.name == "rigd"
         names = [t.name for t in (await c.list_tools()).tools]
         assert names == ["rig_list", "rig_close", "terminal_use", "computer_use", "browser_use"]
@@ -64,13 +49,13 @@ async def test_mcp_over_http_lists_and_calls_with_an_agent_token(plain_server: S
         assert nope.is_error is True and "rig_nope" in text_of(nope)
 
     # The discovery revision: no initialize, no session; the workspace in the query.
-    async with client(plain_server, token, "auto", path="/mcp?workspace=default") as c:
+    async with http_mcp(plain_server, token, "auto", path="/mcp?workspace=default") as c:
         assert c.protocol_version in MODERN_PROTOCOL_VERSIONS
         listed = await c.call_tool("rig_list", {})
         assert listed.is_error is False and text_of(listed) == "No open rigs in this workspace."
 
     # A workspace the agent is not a member of: the server's own refusal, as a tool result.
-    async with client(plain_server, token, **{WORKSPACE_HEADER: "other"}) as c:
+    async with http_mcp(plain_server, token, **{WORKSPACE_HEADER: "other"}) as c:
         denied = await c.call_tool("rig_list", {})
         assert denied.is_error is True, text_of(denied)
     assert token not in plain_server.log()
