@@ -119,6 +119,9 @@ async def measure(args: argparse.Namespace, url: str, token: str, rig_id: str, w
             "MCP over HTTP": mcp_side(http_client, rig_id, "MCP over HTTP"),
             "MCP over stdio": mcp_side(stdio_client_, rig_id, "MCP over stdio"),
         }
+        # As every MCP client does first (the SDK also caches the tools' output schemas from it).
+        for client in (http_client, stdio_client_):
+            await client.list_tools()
         names = list(sides)
         for name in names:
             for _ in range(args.warmup):
@@ -156,10 +159,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="rigd-bench-agents-") as tmp:
-        workdir = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="rigd-bench-agents-", dir="/var/tmp") as tmp:
+        workdir = Path(tmp).resolve()
+        os.chmod(workdir, 0o711)  # per-rig QEMU uids traverse it
         data_dir = workdir / "data"
-        data_dir.mkdir()
+        data_dir.mkdir(mode=0o711)
         srv = start_server(args, "agents", data_dir, warm=False)
         try:
             t0 = time.monotonic()

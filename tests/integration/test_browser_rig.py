@@ -72,10 +72,15 @@ DROP = """<!doctype html><html><head><meta charset="utf-8"><title>Drop</title></
 SHOW = """<!doctype html><html><head><meta charset="utf-8"><title>Show</title></head><body><script>
 document.title = document.cookie + '|' + localStorage.getItem('kept');</script></body></html>"""
 
+CENTRE = """<!doctype html><html><head><meta charset="utf-8"><title>Centre</title></head>
+<body style="margin: 0"><div style="width: 100vw; height: 100vh" onclick="document.title = 'clicked ' +
+  event.clientX + ',' + event.clientY + ' of ' + innerWidth + 'x' + innerHeight">click anywhere</div></body></html>"""
+
 SITE = "http://pages.test"
 PAGES = Site("pages.test", "192.0.2.60", "pages",
              pages=(("/form.html", FORM), ("/second.html", SECOND), ("/person.html", PERSON),
-                    ("/drop.html", DROP), ("/show.html", SHOW)))
+                    ("/drop.html", DROP), ("/show.html", SHOW),
+                    ("/centre.html", CENTRE)))
 
 
 World = tuple[Server, str, FakeInternet]
@@ -280,6 +285,28 @@ def test_tools_call_browser_use_returns_an_image(browser: tuple[Server, str]) ->
     bad = srv.call("tools.call", {"workspace": "default", "conversation": "c1", "name": "browser_use",
                                   "arguments": {"action": "navigate", "url": "file:///"}})
     assert bad["isError"] is True and "url" in bad["content"][0]["text"]
+
+
+def test_a_gemini_click_at_500_500_lands_at_the_centre_of_the_display(browser: World) -> None:
+    """Gemini's 0-999 grid: (500, 500) is the middle of the viewport, whatever the screenshot's size."""
+    srv, rig, _world = browser
+    act(srv, rig, action="navigate", url=f"{SITE}/centre.html")
+    listed = srv.call("tools.list", {"dialect": "gemini"})
+    assert "click_at" in json.dumps(listed)
+    out = srv.call("tools.call", {"workspace": "default", "conversation": "c1", "dialect": "gemini",
+                                  "name": "click_at", "arguments": {"x": 500, "y": 500}})
+    assert out["isError"] is False, out
+    assert any(c["type"] == "image" for c in out["content"]), out
+    deadline = time.monotonic() + 30
+    while not (title := act(srv, rig, action="extract", kind="dom")["title"]["text"]).startswith("clicked"):
+        assert time.monotonic() < deadline, f"the page never saw the click: {title!r}"
+        time.sleep(0.5)
+    assert title == "clicked 640,400 of 1280x800", title
+    # Off the grid is refused naming the field, and nothing is clicked.
+    bad = srv.call("tools.call", {"workspace": "default", "conversation": "c1", "dialect": "gemini",
+                                  "name": "click_at", "arguments": {"x": 1000, "y": 5}})
+    assert bad["isError"] is True and "x" in bad["content"][0]["text"], bad
+    act(srv, rig, action="navigate", url=f"{SITE}/form.html")
 
 
 def test_a_dropped_file_arrives_as_a_real_drop_event(browser: World, tmp_path: Path) -> None:

@@ -16,18 +16,24 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+from mcp import Client
 from PIL import Image
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from rigd.images.desktop import find_desktop
+from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
 from tests.integration.conftest import Server, make_data_dir, remove_tree, serving
+from tests.integration.mcp_clients import http_mcp, images_of, stdio_mcp, text_of
+from tests.integration.scripted_model import run_agent, scripted_endpoint, tool_call
 
 pytestmark = [
     pytest.mark.vm,
@@ -592,6 +598,292 @@ def test_clipboard_lane_images_in_and_copy_out_asks_first(desk: tuple[Server, st
     assert lanes.clip_get(rig) == ("text/plain; charset=utf-8", "pässwörd 42".encode())
     rows = json.dumps(srv.call("rig.log", {"rigId": rig}))
     assert "pässwörd" not in rows and '"clipboard_write"' in rows and '"clipboard_read"' in rows
+
+
+def vendor(srv: Server, rig: str, dialect: str, token: str | None = None, name: str = "computer",
+           **arguments: Any) -> dict[str, Any]:
+    """One call of a vendor's computer tool through ``tools.call {dialect}``."""
+    return dict(srv.call("tools.call", {"workspace": "default", "conversation": "c-vendor", "dialect": dialect,
+                                        "name": name, "arguments": {"rigId": rig, **arguments}}, token=token))
+
+
+def decoded(result: dict[str, Any]) -> Image.Image:
+    """The one image of a tool result, decoded (the caller closes it)."""
+    [image] = [c for c in result["content"] if c["type"] == "image"]
+    assert image["mimeType"] == "image/jpeg"
+    img = Image.open(io.BytesIO(base64.b64decode(image["data"])))
+    img.load()
+    return img
+
+
+def text(result: dict[str, Any]) -> str:
+    return "\n".join(c["text"] for c in result["content"] if c["type"] == "text")
+
+
+def fresh_terminal_gone(srv: Server, rig: str) -> None:
+    """No terminal window is open (the next one a test opens is the active one)."""
+    sh(srv, rig, "pkill -u rig xfce4-terminal || true")
+    wait_for(srv, rig, f"! {SESSION} xdotool search --class xfce4-terminal >/dev/null")
+
+
+def test_anthropic_actions_open_a_terminal_and_type_a_command(desk: tuple[Server, str]) -> None:
+    """The documented computer_20250124 loop: screenshot, key, type, key Return, a scroll and a
+    shift-click; the typed command's effect read back by exec."""
+    srv, rig = desk
+    fresh_terminal_gone(srv, rig)
+    sh(srv, rig, "rm -f /home/rig/anthropic.txt")
+    shot = vendor(srv, rig, "anthropic", action="screenshot")
+    assert shot["isError"] is False, shot
+    with decoded(shot) as img:
+        assert img.size == (1280, 800)
+    assert "1280x800 image of the 1280x800 display, scale 1.0" in text(shot), text(shot)
+    # XFCE's own shortcut for a terminal (xfsettingsd's grab sees the key as any key).
+    opened = vendor(srv, rig, "anthropic", action="key", text="ctrl+alt+t")
+    assert opened["isError"] is False and "key: done" in text(opened), opened
+    active_window(srv, rig, "^Terminal")
+    for step in ({"action": "type", "text": "echo anthropic-$((6*7)) > ~/anthropic.txt"},
+                 {"action": "key", "text": "Return"}):
+        out = vendor(srv, rig, "anthropic", **step)
+        assert out["isError"] is False, out
+    assert wait_for(srv, rig, "cat /home/rig/anthropic.txt").strip() == "anthropic-42"
+    geometry = sh(srv, rig, f"{SESSION} xdotool getactivewindow getwindowgeometry --shell")
+    box = dict(line.split("=") for line in geometry.split())
+    cx, cy = int(box["X"]) + int(box["WIDTH"]) // 2, int(box["Y"]) + int(box["HEIGHT"]) // 2
+    scrolled = vendor(srv, rig, "anthropic", action="scroll", coordinate=[cx, cy], scroll_direction="down",
+                      scroll_amount=3)
+    assert scrolled["isError"] is False, scrolled
+    clicked = vendor(srv, rig, "anthropic", action="left_click", coordinate=[cx, cy], text="shift")
+    assert clicked["isError"] is False, clicked
+    # Another dialect's shape, or a point off the screenshot: a readable error naming the field.
+    foreign = vendor(srv, rig, "anthropic", action="left_click", x=10, y=10)
+    assert foreign["isError"] is True and "arguments.x" in text(foreign), foreign
+    off = vendor(srv, rig, "anthropic", action="left_click", coordinate=[1280, 10])
+    assert off["isError"] is True and "arguments.coordinate" in text(off), off
+    vendor(srv, rig, "anthropic", action="type", text="exit\n")
+
+
+def test_openai_computer_actions_in_one_call_type_a_command(desk: tuple[Server, str]) -> None:
+    """OpenAI's computer_call actions (keypress, wait, click, type) — several in one call, one
+    screenshot after them."""
+    srv, rig = desk
+    fresh_terminal_gone(srv, rig)
+    sh(srv, rig, "rm -f /home/rig/openai.txt")
+    opened = vendor(srv, rig, "openai-computer", actions=[{"type": "keypress", "keys": ["CTRL", "ALT", "T"]},
+                                                          {"type": "wait"}])
+    assert opened["isError"] is False, opened
+    active_window(srv, rig, "^Terminal")
+    geometry = sh(srv, rig, f"{SESSION} xdotool getactivewindow getwindowgeometry --shell")
+    box = dict(line.split("=") for line in geometry.split())
+    cx, cy = int(box["X"]) + int(box["WIDTH"]) // 2, int(box["Y"]) + int(box["HEIGHT"]) // 2
+    out = vendor(srv, rig, "openai-computer", actions=[
+        {"type": "click", "button": "left", "x": cx, "y": cy},
+        {"type": "type", "text": "echo openai-$((6*7)) > ~/openai.txt"},
+        {"type": "keypress", "keys": ["ENTER"]},
+    ])
+    assert out["isError"] is False, out
+    assert [c["type"] for c in out["content"]].count("image") == 1, out
+    assert "click, type, keypress: done" in text(out), text(out)
+    assert wait_for(srv, rig, "cat /home/rig/openai.txt").strip() == "openai-42"
+    bad = vendor(srv, rig, "openai-computer", actions=[{"type": "click", "button": "left", "coordinate": [1, 1]}])
+    assert bad["isError"] is True and "arguments.actions[0]" in text(bad), bad
+    vendor(srv, rig, "openai-computer", action={"type": "type", "text": "exit\n"})
+
+
+#: Block means of a region of the guest's own screen at full resolution (PIL in the guest).
+GRAB = ("python3 -c 'import json, sys; from PIL import ImageGrab; "
+        "box = tuple(int(v) for v in sys.argv[1:5]); "
+        "im = ImageGrab.grab(bbox=box, xdisplay=\":0\").convert(\"L\").resize((16, 9), 4); "
+        "print(json.dumps(list(im.getdata())))'")
+
+
+def test_a_click_on_a_downscaled_screenshot_lands_and_zoom_is_at_display_resolution(
+        desk: tuple[Server, str]) -> None:
+    """At 1920x1080 the model sees a 1280x720 screenshot (scale 1.5): a click computed on it hits
+    xmessage's button; zoom returns a region at the display's own pixels."""
+    srv, rig = desk
+    fresh_terminal_gone(srv, rig)
+    act(srv, rig, action="set_display", width=1920, height=1080)
+    try:
+        sh(srv, rig, f"rm -f /tmp/xm.txt; ({SESSION} xmessage -geometry +600+500 -buttons hit:42 press; "
+                     "echo $? > /tmp/xm.txt) >/dev/null 2>&1 &")
+        win = wait_for(srv, rig, f"{SESSION} xdotool search --name '^xmessage$' | head -1 | grep .").strip()
+        tree = sh(srv, rig, f"{SESSION} xwininfo -tree -id {win}")
+        boxes = [tuple(int(v) for v in m) for m in
+                 re.findall(r"\(\)\s+(\d+)x(\d+)\+(\d+)\+(\d+)\s+\+(\d+)\+(\d+)", tree)]
+        w, h, _rx, _ry, ax, ay = max(boxes[1:], key=lambda b: (b[3], -b[1]))
+        shot = vendor(srv, rig, "anthropic", action="screenshot")
+        with decoded(shot) as img:
+            assert img.size == (1280, 720)
+        assert "1280x720 image of the 1920x1080 display, scale 1.5" in text(shot), text(shot)
+        # The button's centre in pixels of the image the model was sent.
+        ix, iy = round((ax + w / 2) / 1.5), round((ay + h / 2) / 1.5)
+        clicked = vendor(srv, rig, "anthropic", action="left_click", coordinate=[ix, iy])
+        assert clicked["isError"] is False, clicked
+        assert wait_for(srv, rig, "cat /tmp/xm.txt").strip() == "42"
+        # Outside the 1280x720 frame is refused, not clamped (1280 would be a display pixel).
+        off = vendor(srv, rig, "anthropic", action="left_click", coordinate=[1280, 700])
+        assert off["isError"] is True and "outside the screenshot" in text(off), off
+
+        # Something to see in the region: a window of text (the desktop behind it is one colour).
+        sh(srv, rig, f"{SESSION} setsid -f xmessage -geometry +700+400 'zoom target: the quick brown fox "
+                     "jumps over the lazy dog 0123456789' >/dev/null 2>&1")
+        wait_for(srv, rig, f"{SESSION} xdotool search --name '^xmessage$' | grep .")
+        region = [480, 270, 1440, 810]  # 960x540 display pixels
+        grab = f"{SESSION} {GRAB} {' '.join(map(str, region))}"
+        deadline = time.monotonic() + 60
+        while max(seen := json.loads(sh(srv, rig, grab))) - min(seen) <= 20:  # drawn yet?
+            assert time.monotonic() < deadline, f"the window never showed in the region: {seen}"
+            time.sleep(0.5)
+        zoom = act(srv, rig, action="zoom", region=region)
+        assert zoom["imageSize"] == {"width": 960, "height": 540} and zoom["scale"] == 1.0, zoom
+        assert zoom["display"] == {"width": 1920, "height": 1080} and zoom["region"] == region
+        with Image.open(io.BytesIO(base64.b64decode(zoom["image"]["data"]))) as img:
+            assert img.size == (960, 540)
+            ours = list(img.convert("L").resize((16, 9), Image.Resampling.BOX).tobytes())
+        theirs = json.loads(sh(srv, rig, grab))
+        assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) <= 16, (ours, theirs)
+        small = act(srv, rig, action="zoom", region=[100, 100, 420, 300])
+        assert small["imageSize"] == {"width": 320, "height": 200}, small
+        # The anthropic zoom names its region in screenshot pixels; it comes back at display pixels.
+        az = vendor(srv, rig, "anthropic", action="zoom", region=[320, 180, 960, 540])
+        with decoded(az) as img:
+            assert img.size == (960, 540)
+        assert "at the display's own resolution" in text(az)
+        bad = srv.error("rig.act", {"rigId": rig, "tool": "computer_use",
+                                    "action": {"action": "zoom", "region": [0, 0, 1921, 10]}})
+        assert bad["data"]["field"] == "action.region", bad
+    finally:
+        sh(srv, rig, "pkill xmessage || true")
+        act(srv, rig, action="set_display", width=1280, height=800)
+
+
+def test_read_only_refuses_and_ask_first_waits_for_a_person(desk: tuple[Server, str]) -> None:
+    """guard.readOnly refuses terminal_use; guard.askFirst makes computer_use wait for
+    approval.decide by a person; a denial is a readable tool error; guard.log keeps both."""
+    srv, rig = desk
+    for name, kind in (("desk-bot", "agent"), ("alice", "person")):
+        srv.call("user.create", {"name": name, "kind": kind})
+        srv.call("member.add", {"workspace": "default", "user": name})
+    bot = str(srv.call("token.create", {"user": "desk-bot"})["token"])
+    alice = str(srv.call("token.create", {"user": "alice"})["token"])
+
+    def setting(key: str, value: Any) -> None:
+        srv.call("workspace.settings.set", {"workspace": "default", "key": key, "value": value})
+
+    def tool(result: list[dict[str, Any]], name: str, arguments: dict[str, Any]) -> None:
+        result.append(srv.call("tools.call", {"workspace": "default", "conversation": "c-guard", "name": name,
+                                              "arguments": {"rigId": rig, **arguments},
+                                              "approvalTimeoutS": 240}, token=bot))
+
+    setting("guard.readOnly", True)
+    try:
+        refused: list[dict[str, Any]] = []
+        tool(refused, "terminal_use", {"action": "exec", "argv": ["touch", "/tmp/ro"]})
+        assert refused[0]["isError"] is True and "read-only" in text(refused[0]), refused
+        assert "ro" not in sh(srv, rig, "ls /tmp").split()
+        assert srv.call("tools.call", {"workspace": "default", "conversation": "c-guard", "name": "rig_list",
+                                       "arguments": {}}, token=bot)["isError"] is False
+    finally:
+        setting("guard.readOnly", None)
+
+    setting("guard.askFirst", ["processSpawn"])
+    try:
+        for allow in (True, False):
+            result: list[dict[str, Any]] = []
+            waiter = threading.Thread(target=tool, args=(result, "computer_use", {"action": "screenshot"}))
+            waiter.start()
+            try:
+                deadline = time.monotonic() + 60
+                while not (waiting := srv.call("approval.list", {"workspace": "default"}, token=alice)):
+                    assert time.monotonic() < deadline, "the call never asked"
+                    time.sleep(0.2)
+                assert [w["tool"] for w in waiting] == ["computer_use"] and not result
+                srv.call("approval.decide", {"approvalId": waiting[0]["approvalId"], "allow": allow},
+                         token=alice)
+            finally:
+                waiter.join(timeout=300)
+            [out] = result
+            assert out["approval"]["decidedBy"]["name"] == "alice", out
+            if allow:
+                assert out["isError"] is False and "approved by alice" in text(out), text(out)
+                with decoded(out) as img:
+                    assert img.size == (1280, 800)
+            else:
+                assert out["isError"] is True and "alice (a person) denied this computer_use call" in text(out)
+        rows = srv.call("guard.log", {"workspace": "default"})
+        assert [r["decision"] for r in rows][-3:] in (["readOnly", "allowed", "denied"],
+                                                      ["denied", "allowed", "readOnly"]), rows
+    finally:
+        setting("guard.askFirst", None)
+
+
+async def test_mcp_clients_take_a_desktop_screenshot(desk: tuple[Server, str], tmp_path: Path) -> None:
+    """An MCP client from the SDK, over stdio and over /mcp, gets the desktop as image content."""
+    srv, rig = desk
+
+    async def screenshot(client: Client) -> None:
+        shot = await client.call_tool("computer_use", {"action": "screenshot", "rigId": rig})
+        assert shot.is_error is False, text_of(shot)
+        [image] = images_of(shot)
+        assert image.mime_type == "image/jpeg"
+        with Image.open(io.BytesIO(base64.b64decode(image.data))) as img:
+            assert img.format == "JPEG" and img.size == (1280, 800)
+        assert "display 1280x800" in text_of(shot), text_of(shot)
+        bad = await client.call_tool("computer_use", {"action": "left_click", "coordinate": [5000, 1],
+                                                      "rigId": rig})
+        assert bad.is_error is True and "coordinate" in text_of(bad)
+
+    with trio.fail_after(300):
+        async with stdio_mcp(srv, tmp_path, "c-mcp-desk") as (client, _errlog):
+            await screenshot(client)
+        async with http_mcp(srv, srv.token, timeout_s=240,
+                            **{WORKSPACE_HEADER: "default", CONVERSATION_HEADER: "c-mcp-desk"}) as client:
+            await screenshot(client)
+
+
+def test_rigd_agent_does_a_task_on_the_desktop_and_leaves_a_rig_it_did_not_open(
+        desk: tuple[Server, str], tmp_path: Path) -> None:
+    """The reference loop on a real desktop: the scripted model opens a terminal with a key, waits
+    for it through exec (as the desktop's user, in its session), types a command, and looks; the
+    endpoint is sent each screenshot as an image, only the newest two kept."""
+    srv, rig = desk
+    fresh_terminal_gone(srv, rig)
+    sh(srv, rig, "rm -f /home/rig/agent.txt")
+    wait_terminal = ("for i in $(seq 120); do xdotool getactivewindow getwindowname | grep -q ^Terminal "
+                     "&& exit 0; sleep 1; done; exit 1")
+    steps: list[Any] = [
+        {"content": "Opening a terminal.", "tool_calls": [
+            tool_call("c1", "computer_use", {"action": "screenshot", "rigId": rig}),
+            tool_call("c2", "computer_use", {"action": "key", "text": "ctrl+alt+t", "rigId": rig})]},
+        {"content": None, "tool_calls": [tool_call("c3", "terminal_use", {
+            "action": "exec", "command": wait_terminal, "timeoutS": 150, "rigId": rig})]},
+        {"content": None, "tool_calls": [tool_call("c4", "computer_use", {
+            "action": "type", "text": "echo agent-$((6*7)) > ~/agent.txt\n", "rigId": rig}),
+            tool_call("c4s", "computer_use", {"action": "screenshot", "rigId": rig})]},
+        {"content": None, "tool_calls": [
+            tool_call("c5s", "computer_use", {"action": "screenshot", "rigId": rig}),
+            tool_call("c5", "terminal_use", {"action": "exec", "command": "cat ~/agent.txt", "rigId": rig})]},
+        {"content": "Done: ~/agent.txt says agent-42."},
+    ]
+    with scripted_endpoint(steps) as endpoint:
+        proc = run_agent(srv, endpoint, tmp_path, "--conversation", "c-agent-desk", timeout_s=400,
+                         task="Open a terminal on the desktop and write agent-42 to ~/agent.txt.")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(endpoint.requests) == 5
+    assert wait_for(srv, rig, "cat /home/rig/agent.txt").strip() == "agent-42"
+    last = endpoint.requests[4]["body"]["messages"]
+    [read] = [m for m in last if m.get("tool_call_id") == "c5"]
+    assert "agent-42" in read["content"], read
+    # Screenshots went to the model as images (three calls returned one each); the newest two are kept.
+    urls = [p["image_url"]["url"] for m in last if isinstance(m.get("content"), list)
+            for p in m["content"] if p.get("type") == "image_url"]
+    assert len(urls) == 2 and all(u.startswith("data:image/jpeg;base64,") for u in urls), urls
+    with Image.open(io.BytesIO(base64.b64decode(urls[-1].split(",", 1)[1]))) as img:
+        assert img.size == (1280, 800)
+    # The desktop was the module's, not the run's: it stays open.
+    assert srv.call("rig.get", {"rigId": rig})["phase"] == "ready"
+    assert "closed" not in proc.stdout
+    sh(srv, rig, "pkill -u rig xfce4-terminal || true")
 
 
 def test_a_second_desktop_starts_warm_and_is_its_own_machine(desk: tuple[Server, str]) -> None:
