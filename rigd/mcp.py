@@ -34,6 +34,7 @@ import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -90,10 +91,28 @@ class ToolDef:
     description: str
     parameters: dict[str, Any]
     action_classes: tuple[str, ...]
+    #: The checked schema's validator (shared by every definition of the same schema).
+    validator: Draft202012Validator = dc_field(compare=False, repr=False)
 
-    @property
-    def validator(self) -> Draft202012Validator:
-        return Draft202012Validator(self.parameters)
+
+#: Validators of the schemas seen, by their canonical JSON. ``check_schema`` costs ~15 ms for
+#: rigd's catalogue and ``/mcp`` lists the tools on each request's bridge, so each distinct
+#: schema is checked once per process (bounded: the catalogue is a handful of schemas).
+_VALIDATORS: dict[str, Draft202012Validator] = {}
+_VALIDATORS_MAX = 64
+
+
+def validator_of(schema: dict[str, Any]) -> Draft202012Validator:
+    """A validator of ``schema``, checked as a JSON Schema (:class:`SchemaError` if not)."""
+    key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    known = _VALIDATORS.get(key)
+    if known is not None:
+        return known
+    Draft202012Validator.check_schema(schema)
+    if len(_VALIDATORS) >= _VALIDATORS_MAX:
+        _VALIDATORS.clear()
+    made = _VALIDATORS[key] = Draft202012Validator(schema)
+    return made
 
 
 def default_conversation() -> str:
@@ -144,7 +163,7 @@ def parse_tool_list(reply: object) -> list[ToolDef]:
         if parameters.get("type") != "object":
             raise ReplyError(f"{where}.function.parameters.type", "must be 'object'")
         try:
-            Draft202012Validator.check_schema(parameters)
+            validator = validator_of(parameters)
         except SchemaError as exc:
             log.warning("tool dropped: its parameters are not a JSON Schema",
                         extra={"tool": name, "reason": exc.message})
@@ -153,7 +172,7 @@ def parse_tool_list(reply: object) -> list[ToolDef]:
         classes = _dict(meta, f"result.metadata.{name}").get("actionClasses", [])
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
             raise ReplyError(f"result.metadata.{name}.actionClasses", "must be a list of strings")
-        out.append(ToolDef(name, description, parameters, tuple(classes)))
+        out.append(ToolDef(name, description, parameters, tuple(classes), validator))
     return out
 
 

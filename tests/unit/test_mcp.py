@@ -33,6 +33,7 @@ from rigd.mcp import (
     parse_tool_list,
     threaded,
     to_mcp_tool,
+    validator_of,
 )
 from rigd.tools import definitions, metadata, render_computer, text_result
 
@@ -337,3 +338,22 @@ async def test_malformed_messages_get_mcp_errors_and_the_server_keeps_serving() 
             assert isinstance(listed, JSONRPCResponse) and len(listed.result["tools"]) == 5
             await client_write.aclose()  # EOF: the server's loop ends by itself
     assert rpc.tool_calls() == []
+
+
+def test_a_schema_is_checked_once_and_its_validator_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/mcp builds a bridge per request: the catalogue's schemas are checked once per process."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    checked: list[object] = []
+    real = Draft202012Validator.check_schema
+    monkeypatch.setattr(Draft202012Validator, "check_schema",
+                        classmethod(lambda cls, s: (checked.append(s), real(s))[1]))
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 7}}}
+    first = validator_of(schema)
+    again = validator_of({"properties": {"n": {"minimum": 7, "type": "integer"}}, "type": "object"})
+    assert first is again and len(checked) == 1
+    assert [e.message for e in first.iter_errors({"n": 3})] == ["3 is less than the minimum of 7"]
+    for _ in range(2):  # a broken schema is refused every time, never remembered as good
+        with pytest.raises(SchemaError):
+            validator_of({"type": "object", "properties": {"n": {"type": 5}}})
