@@ -204,10 +204,10 @@ def test_typing_never_touches_the_clipboard_and_newline_is_enter(desk: tuple[Ser
     assert act(srv, rig, action="clipboard_read")["content"]["text"] == "copied by a person"
 
 
-def test_a_click_activates_a_known_widget(desk: tuple[Server, str]) -> None:
-    """xmessage's button, found with xwininfo in the guest; clicking it exits 42."""
-    srv, rig = desk
-    sh(srv, rig, f"rm -f /tmp/xm.txt; ({SESSION} xmessage -geometry +300+300 -buttons hit:42 press; "
+def xmessage_button(srv: Server, rig: str, geometry: str) -> tuple[int, int, int, int]:
+    """Start ``xmessage`` at ``geometry`` with one button (exit 42, written to /tmp/xm.txt);
+    return the button's width, height and root x, y, found with xwininfo in the guest."""
+    sh(srv, rig, f"rm -f /tmp/xm.txt; ({SESSION} xmessage -geometry {geometry} -buttons hit:42 press; "
                  "echo $? > /tmp/xm.txt) >/dev/null 2>&1 &")
     win = wait_for(srv, rig, f"{SESSION} xdotool search --name '^xmessage$' | head -1 | grep .").strip()
     tree = sh(srv, rig, f"{SESSION} xwininfo -tree -id {win}")
@@ -215,6 +215,20 @@ def test_a_click_activates_a_known_widget(desk: tuple[Server, str]) -> None:
     boxes = [tuple(int(v) for v in m) for m in
              re.findall(r"\(\)\s+(\d+)x(\d+)\+(\d+)\+(\d+)\s+\+(\d+)\+(\d+)", tree)]
     w, h, _rx, _ry, ax, ay = max(boxes[1:], key=lambda b: (b[3], -b[1]))
+    return w, h, ax, ay
+
+
+def active_window_centre(srv: Server, rig: str) -> tuple[int, int]:
+    """The centre of the active window, in display pixels."""
+    geometry = sh(srv, rig, f"{SESSION} xdotool getactivewindow getwindowgeometry --shell")
+    box = dict(line.split("=") for line in geometry.split())
+    return int(box["X"]) + int(box["WIDTH"]) // 2, int(box["Y"]) + int(box["HEIGHT"]) // 2
+
+
+def test_a_click_activates_a_known_widget(desk: tuple[Server, str]) -> None:
+    """xmessage's button, found with xwininfo in the guest; clicking it exits 42."""
+    srv, rig = desk
+    w, h, ax, ay = xmessage_button(srv, rig, "+300+300")
     act(srv, rig, action="left_click", coordinate=[ax + w // 2, ay + h // 2])
     assert wait_for(srv, rig, "cat /tmp/xm.txt").strip() == "42"
 
@@ -646,9 +660,7 @@ def test_anthropic_actions_open_a_terminal_and_type_a_command(desk: tuple[Server
         out = vendor(srv, rig, "anthropic", **step)
         assert out["isError"] is False, out
     assert wait_for(srv, rig, "cat /home/rig/anthropic.txt").strip() == "anthropic-42"
-    geometry = sh(srv, rig, f"{SESSION} xdotool getactivewindow getwindowgeometry --shell")
-    box = dict(line.split("=") for line in geometry.split())
-    cx, cy = int(box["X"]) + int(box["WIDTH"]) // 2, int(box["Y"]) + int(box["HEIGHT"]) // 2
+    cx, cy = active_window_centre(srv, rig)
     scrolled = vendor(srv, rig, "anthropic", action="scroll", coordinate=[cx, cy], scroll_direction="down",
                       scroll_amount=3)
     assert scrolled["isError"] is False, scrolled
@@ -672,9 +684,7 @@ def test_openai_computer_actions_in_one_call_type_a_command(desk: tuple[Server, 
                                                           {"type": "wait"}])
     assert opened["isError"] is False, opened
     active_window(srv, rig, "^Terminal")
-    geometry = sh(srv, rig, f"{SESSION} xdotool getactivewindow getwindowgeometry --shell")
-    box = dict(line.split("=") for line in geometry.split())
-    cx, cy = int(box["X"]) + int(box["WIDTH"]) // 2, int(box["Y"]) + int(box["HEIGHT"]) // 2
+    cx, cy = active_window_centre(srv, rig)
     out = vendor(srv, rig, "openai-computer", actions=[
         {"type": "click", "button": "left", "x": cx, "y": cy},
         {"type": "type", "text": "echo openai-$((6*7)) > ~/openai.txt"},
@@ -704,13 +714,7 @@ def test_a_click_on_a_downscaled_screenshot_lands_and_zoom_is_at_display_resolut
     fresh_terminal_gone(srv, rig)
     act(srv, rig, action="set_display", width=1920, height=1080)
     try:
-        sh(srv, rig, f"rm -f /tmp/xm.txt; ({SESSION} xmessage -geometry +600+500 -buttons hit:42 press; "
-                     "echo $? > /tmp/xm.txt) >/dev/null 2>&1 &")
-        win = wait_for(srv, rig, f"{SESSION} xdotool search --name '^xmessage$' | head -1 | grep .").strip()
-        tree = sh(srv, rig, f"{SESSION} xwininfo -tree -id {win}")
-        boxes = [tuple(int(v) for v in m) for m in
-                 re.findall(r"\(\)\s+(\d+)x(\d+)\+(\d+)\+(\d+)\s+\+(\d+)\+(\d+)", tree)]
-        w, h, _rx, _ry, ax, ay = max(boxes[1:], key=lambda b: (b[3], -b[1]))
+        w, h, ax, ay = xmessage_button(srv, rig, "+600+500")
         shot = vendor(srv, rig, "anthropic", action="screenshot")
         with decoded(shot) as img:
             assert img.size == (1280, 720)
