@@ -180,6 +180,8 @@ MARKED = "() => window.__rigdMark || null"
 SCROLL_TO = ("(y, x) => { window.scrollTo({left: x || 0, top: y, behavior: 'instant'}); "
              "return [scrollX, scrollY]; }")
 #: The page's own view of its viewport.
+# How long a window/rect may take to show in the page's own size.
+RESIZE_WAIT_S = 4.0
 INNER = "() => [window.innerWidth, window.innerHeight, window.outerWidth, window.outerHeight]"
 
 
@@ -717,12 +719,26 @@ class WebKitDriver:
 
     async def _set_viewport(self, size: Display) -> None:
         """Size the window so its page is ``size`` (the window adds its own frame)."""
+        want = (size.width, size.height)
+        got = await self._inner()
         for _ in range(3):
-            iw, ih, ow, oh = await self._inner()
-            if (iw, ih) == (size.width, size.height):
+            if got[:2] == want:
                 return
+            iw, ih, ow, oh = got
             await self._cmd("POST", "/window/rect", {"width": size.width + (ow - iw),
                                                      "height": size.height + (oh - ih)}, timeout=30)
+            # The answer can come before the X server has resized the window and the page
+            # has laid out again: wait for the page's size to change (or be right).
+            before, moved = got, False
+            with trio.move_on_after(RESIZE_WAIT_S):
+                while True:
+                    got = await self._inner()
+                    if got[:2] == want or got != before:
+                        moved = True
+                        break
+                    await trio.sleep(0.05)
+            if not moved:
+                break  # nothing changed: the window is at a floor (or stuck), another try won't move it
         iw, ih, _ow, _oh = await self._inner()
         if (iw, ih) != (size.width, size.height):
             raise PageError(f"the page reports a {iw}x{ih} viewport after set_viewport "
