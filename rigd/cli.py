@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -107,6 +108,13 @@ def _hostport(value: str | None, flag: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _registry_host(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in value:
+        raise ClientError(f"--insecure-registry takes HOST:PORT, e.g. 127.0.0.1:5000 (not {value!r})")
+    return value.lower()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -124,9 +132,72 @@ def cmd_serve(args: argparse.Namespace) -> int:
         network=args.network, resolver=_hostport(args.resolver, "--resolver"),
         upstream_netns=args.upstream_netns,
         upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
+        insecure_registries=tuple(_registry_host(h) for h in args.insecure_registry),
     )
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve, config)
+    return 0
+
+
+def _size(n: object) -> str:
+    if not isinstance(n, int) or isinstance(n, bool):
+        return "?"
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def cmd_images_pull(args: argparse.Namespace) -> int:
+    """``image.pull``, then ``image.pullStatus`` until it ends, printing progress on stderr."""
+    client = Client.from_args(args)
+    job = client.call("image.pull", {"ref": args.ref})
+    shown = ""
+    try:
+        while job["state"] == "running":
+            line = (f"{job['phase']}: {_size(job['bytes'])} of {_size(job['totalBytes'])}"
+                    + (f", {_size(job['rateBps'])}/s" if job.get("rateBps") else "")
+                    + (f", {job['etaS']} s left" if job.get("etaS") is not None else ""))
+            if line != shown and sys.stderr.isatty():
+                print("\r" + line.ljust(len(shown)), end="", file=sys.stderr, flush=True)
+            elif line != shown:
+                print(line, file=sys.stderr)
+            shown = line
+            time.sleep(0.5)
+            job = client.call("image.pullStatus", {"pullId": job["pullId"]})
+    except KeyboardInterrupt:
+        job = client.call("image.pullCancel", {"pullId": job["pullId"]})
+    if shown and sys.stderr.isatty():
+        print(file=sys.stderr)
+    if args.json:
+        _print(job)
+    elif job["state"] == "done":
+        image = job["image"]
+        print(f"{image['reference']}  ({_size(image['fetchedBytes'])} fetched, "
+              f"{_size(image['reusedBytes'])} already here)")
+    else:
+        error = job.get("error") or {}
+        print(f"rigd: the pull {job['state']}: {error.get('message', '')}", file=sys.stderr)
+    return 0 if job["state"] == "done" else 1
+
+
+def cmd_images_list(args: argparse.Namespace) -> int:
+    rows = Client.from_args(args).call("image.list", {"source": "registry"})
+    if args.json:
+        _print(rows)
+        return 0
+    for row in rows:
+        print(f"{row['reference']}  {row['digest']}  {_size(row['layerBytes'])}  pulled {row['pulled']}")
+    return 0
+
+
+def cmd_images_rm(args: argparse.Namespace) -> int:
+    out = Client.from_args(args).call("image.rm", {"ref": args.ref})
+    print(f"removed {out['reference']} ({len(out['removedBlobs'])} blobs deleted)")
     return 0
 
 
@@ -436,6 +507,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--upstream-ca", help="CA bundle for verifying brokered hosts (default: system CAs)")
     sp.add_argument("--no-warm-starts", action="store_true",
                     help="always boot cold (no per-pack memory snapshots)")
+    sp.add_argument("--insecure-registry", action="append", default=[], metavar="HOST:PORT",
+                    help="a registry reached over plain HTTP (a loopback test registry, say); "
+                    "every other registry is HTTPS only (repeatable)")
     sp.set_defaults(fn=cmd_serve)
 
     sp = sub.add_parser("open", help="open a rig")
@@ -543,6 +617,19 @@ def parser() -> argparse.ArgumentParser:
     imp.add_argument("--sha256", required=True, help="the digest of that file (hex or sha256:hex)")
     imp.add_argument("--data-dir", help="the server's data directory (default: $RIGD_DATA_DIR)")
     imp.set_defaults(fn=cmd_images_import)
+    ipl = isub.add_parser("pull", help="pull an image from a registry into the server (by tag or digest)")
+    client_opts(ipl)
+    ipl.add_argument("ref", help="e.g. debian:bookworm, ghcr.io/org/app@sha256:…, 127.0.0.1:5000/t/img:v1")
+    ipl.add_argument("--json", action="store_true", help="print the finished job as JSON")
+    ipl.set_defaults(fn=cmd_images_pull)
+    ils = isub.add_parser("list", help="list the images pulled from registries")
+    client_opts(ils)
+    ils.add_argument("--json", action="store_true")
+    ils.set_defaults(fn=cmd_images_list)
+    irm = isub.add_parser("rm", help="forget a pulled image and delete the blobs only it used")
+    client_opts(irm)
+    irm.add_argument("ref", help="the reference it was pulled as, or its digest")
+    irm.set_defaults(fn=cmd_images_rm)
 
     sp = sub.add_parser("accel-probe", help="boot once to see whether an accelerator works")
     sp.add_argument("--accel", choices=[a.value for a in Accel])

@@ -47,6 +47,7 @@ from rigd.images.cache import sha256_file
 from rigd.images.desktop import find_desktop
 from rigd.images.importer import BootChoice, ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
+from rigd.images.registry import RegistryClient
 from rigd.mcp import AsyncRpc, HttpEndpoint, dispatched
 from rigd.model import LIMITS, Accel, Surface
 from rigd.rigs import Caller, RigManager
@@ -55,6 +56,7 @@ from rigd.server.imports import ImportJobs
 from rigd.server.lanes import server_app
 from rigd.server.methods import build_methods
 from rigd.server.pages import HOME as PAGE_HOME
+from rigd.server.pulls import PullJobs
 from rigd.server.rpc import Dispatcher
 from rigd.store.aio import Stores
 
@@ -79,6 +81,8 @@ class ServeConfig:
     resolver: tuple[str, int] | None = None
     upstream_netns: str | None = None
     upstream_ca: Path | None = None
+    #: Registries reached over plain HTTP (``host:port``); every other one over HTTPS only.
+    insecure_registries: tuple[str, ...] = ()
 
 
 def default_data_dir() -> Path:
@@ -404,7 +408,9 @@ async def _serve(
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
     imports = ImportJobs(data_dir, functools.partial(which_boots, data_dir, config.cache_dir))
-    dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker, images=imports))
+    pulls = PullJobs(data_dir, RegistryClient(insecure=config.insecure_registries))
+    dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker,
+                                          images=imports, pulls=pulls))
     ctx = ServerContext(stores, rigs, dispatcher, signer)
     mcp_http = mcp_endpoint(ctx)
     app = server_app(ctx, mcp_http)
@@ -415,6 +421,7 @@ async def _serve(
         await nursery.start(snapshots.run)
         await nursery.start(rigs.run)
         await nursery.start(imports.run)
+        await nursery.start(pulls.run)
         await nursery.start(mcp_http.run)
         if accel is not None:
             # Unpack the default image now, so the first rig.open does not wait for it.

@@ -11,13 +11,15 @@ import trio
 
 from netgate.broker import SecretStore
 from rigd import __version__
-from rigd.errors import FieldError, NotFound
+from rigd.errors import Conflict, FieldError, NotFound
 from rigd.images.importer import check_source, normalise_sha256
+from rigd.images.registry import parse_reference
 from rigd.model import BUILT_ENGINES, BUILT_SURFACES
 from rigd.params import RigRef, ident, integer, no_extra, obj, string
 from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
 from rigd.server.imports import ImportJobs, listing
+from rigd.server.pulls import PullJobs
 from rigd.server.rpc import Method
 from rigd.store.aio import Stores
 from rigd.store.server_db import CLIPBOARD_CHOICES
@@ -36,7 +38,7 @@ LIVE_SURFACES = frozenset({"computer", "browser"})
 
 def build_methods(
     stores: Stores, rigs: RigManager, signer: Any, base_url: list[str], broker: SecretStore | None = None,
-    *, images: ImportJobs | None = None,
+    *, images: ImportJobs | None = None, pulls: PullJobs | None = None,
 ) -> dict[str, Method]:
     server = stores.server
     api = RigApi(rigs)
@@ -295,9 +297,56 @@ def build_methods(
         return job.to_json()
 
     async def image_list(caller: Caller, raw: object) -> list[dict[str, Any]]:
-        """Every imported desktop image; ``boots`` marks the one computer rigs boot."""
-        no_extra(obj(raw), set())
+        """Every imported desktop image (``boots`` marks the one computer rigs boot); with
+        ``source: "registry"``, the images pulled from registries."""
+        params = obj(raw)
+        no_extra(params, {"source"})
+        source = params.get("source", "import")
+        if source == "registry":
+            return await trio.to_thread.run_sync(_pulls().store.images)
+        if source != "import":
+            raise FieldError("source", "must be import (desktop images imported) or registry (images pulled)")
         return listing(await trio.to_thread.run_sync(_imports().listing))
+
+    def _pulls() -> PullJobs:
+        if pulls is None:
+            raise FieldError("method", "this server pulls no images")
+        return pulls
+
+    async def image_pull(caller: Caller, raw: object) -> dict[str, Any]:
+        """Start pulling a registry image in the background; answers at once with the job."""
+        params = obj(raw)
+        no_extra(params, {"ref"})
+        return _pulls().start(parse_reference(params.get("ref"), "ref")).to_json()
+
+    def _pull_id(raw: object) -> str:
+        params = obj(raw)
+        no_extra(params, {"pullId"})
+        return ident(params, "pullId")
+
+    async def image_pull_status(caller: Caller, raw: object) -> dict[str, Any]:
+        return _pulls().get(_pull_id(raw)).to_json()
+
+    async def image_pull_cancel(caller: Caller, raw: object) -> dict[str, Any]:
+        return (await _pulls().cancel(_pull_id(raw))).to_json()
+
+    async def image_rm(caller: Caller, raw: object) -> dict[str, Any]:
+        """Forget a pulled image and delete the blobs no other pulled image shares; refused
+        while a rig booted from it is open."""
+        params = obj(raw)
+        no_extra(params, {"ref"})
+        ref = string(params, "ref", max_len=600)
+        store = _pulls().store
+        image = await trio.to_thread.run_sync(store.find, ref)
+        if image is None:
+            raise NotFound(f"no pulled image {ref!r} (image.list {{source: registry}} lists them)",
+                           field="ref")
+        users = sorted(r.row.id for r in rigs.live.values() if r.row.image == image["digest"])
+        if users:
+            raise Conflict(f"{image['reference']} is in use by {', '.join(users)}; close them first",
+                           field="ref", rigs=users)
+        removed = await trio.to_thread.run_sync(store.remove, str(image["reference"]))
+        return {"reference": image["reference"], "digest": image["digest"], "removedBlobs": removed}
 
     def rig_method(name: str) -> Method:
         """A rig method: its parameters parsed into typed values here, at the edge."""
@@ -321,6 +370,10 @@ def build_methods(
         "image.importStatus": Method(image_import_status, admin=True),
         "image.importCancel": Method(image_import_cancel, admin=True),
         "image.list": Method(image_list),
+        "image.pull": Method(image_pull, admin=True),
+        "image.pullStatus": Method(image_pull_status, admin=True),
+        "image.pullCancel": Method(image_pull_cancel, admin=True),
+        "image.rm": Method(image_rm, admin=True),
         "rig.control": rig_method("rig.control"),
         "rig.egress": rig_method("rig.egress"),
         "secret.set": Method(secret_set),

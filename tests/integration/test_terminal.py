@@ -44,7 +44,8 @@ def test_exec_uname_exit_codes_stdin_env_cwd(server: Server) -> None:
                                    "action": {"action": "exec", "argv": ["ls"], "cwd": "/nowhere"}})
     assert err["data"]["field"] == "action.cwd"
 
-    tools = exec_(server, rig["id"], command="for t in bash git curl socat gcc make python3 jq rsync tar xz zstd unzip; "
+    tools = exec_(server, rig["id"], command="for t in bash git curl socat gcc make python3 jq rsync tar xz zstd unzip "
+                                             "vi nano less file ps; "
                                              "do command -v $t >/dev/null || echo missing $t; done")
     assert text(tools["stdout"]) == ""
 

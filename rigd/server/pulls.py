@@ -1,0 +1,179 @@
+"""Registry pulls as jobs the CLI and the page watch (``image.pull`` and friends).
+
+How this works: a pull (:meth:`rigd.images.registry.RegistryClient.pull`) is
+Trio-native, so each job is a task in :meth:`PullJobs.run`'s nursery inside its
+own cancel scope; the client's progress callback writes bytes, total and phase
+into the job, and ``image.pullStatus`` reads them with a rate over the last
+seconds and an ETA (:func:`rigd.server.imports.rate_and_eta`, as imports do).
+Cancelling (``image.pullCancel``, or the server stopping) leaves the blobs
+fetched so far, verified, and the partial one on disk: the next pull of the
+image resumes it. The pull runs on the host, never through a rig's gate. Jobs
+live in memory only: the last :data:`KEEP_JOBS`, at most :data:`MAX_RUNNING`
+at once; what was pulled is the store's (``<dataDir>/rigs/oci``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rigd.errors import Conflict, NotFound, RigdError
+from rigd.images.registry import BlobStore, Progress, Pulled, Reference, RegistryClient
+from rigd.server.imports import CANCEL_WAIT_S, KEEP_JOBS, RATE_WINDOW_S, JobState, rate_and_eta
+from rigd.store.util import iso, new_id
+
+log = logging.getLogger("rigd.images")
+
+#: Pulls that may run at once (each holds up to three blob fetches).
+MAX_RUNNING = 2
+
+
+def store_dir(data_dir: Path) -> Path:
+    """Where pulled images live: one OCI image layout, blobs shared by every image."""
+    return data_dir / "rigs" / "oci"
+
+
+@dataclass(eq=False)
+class PullJob:
+    id: str
+    reference: Reference
+    started_at: str
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    ended: trio.Event = field(default_factory=trio.Event)
+    state: JobState = JobState.RUNNING
+    phase: str = "starting"
+    done: int = 0
+    total: int | None = None
+    reused: int = 0
+    error: RigdError | None = None
+    pulled: Pulled | None = None
+    cancel_requested: bool = False
+    finished_at: str | None = None
+    _t0: float = field(default_factory=time.monotonic)
+    _samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def progress(self, p: Progress) -> None:
+        now = time.monotonic()
+        self.phase, self.done, self.reused = p.phase, p.done_bytes, p.reused_bytes
+        self.total = p.total_bytes or None
+        # The rate counts fetched bytes only (what was on disk already moved nothing).
+        self._samples.append((now, p.fetched_bytes))
+        while len(self._samples) > 1 and now - self._samples[0][0] > RATE_WINDOW_S:
+            self._samples.popleft()
+
+    def end(self, state: JobState, *, error: RigdError | None = None) -> None:
+        if self.state is not JobState.RUNNING:
+            raise Conflict(f"pull {self.id} is {self.state.value} already")
+        self.state, self.error = state, error
+        self.finished_at = iso(datetime.now(UTC))
+        self.phase = state.value
+
+    def to_json(self) -> dict[str, Any]:
+        rate: int | None = None
+        eta: int | None = None
+        if self.state is JobState.RUNNING:
+            # The samples count fetched bytes: the target is what is fetched plus what is left.
+            fetched = self._samples[-1][1] if self._samples else 0
+            target = None if self.total is None else fetched + max(0, self.total - self.done)
+            rate, eta = rate_and_eta(list(self._samples), time.monotonic(), target)
+        return {
+            "pullId": self.id,
+            "reference": str(self.reference),
+            "state": self.state.value,
+            "phase": self.phase,
+            "bytes": self.done,
+            "totalBytes": self.total,
+            "reusedBytes": self.reused,
+            "rateBps": rate,
+            "etaS": eta,
+            "error": None if self.error is None else {"message": self.error.message, "data": self.error.data},
+            "image": None if self.pulled is None else self.pulled.to_json(),
+            "cancelRequested": self.cancel_requested,
+            "startedAt": self.started_at,
+            "finishedAt": self.finished_at,
+        }
+
+
+class PullJobs:
+    """The server's pulls. ``run`` (started with ``nursery.start``) owns their tasks."""
+
+    def __init__(self, data_dir: Path, client: RegistryClient) -> None:
+        self.client = client
+        self.store = BlobStore(store_dir(data_dir))
+        self._jobs: dict[str, PullJob] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    def running(self) -> list[PullJob]:
+        return [j for j in self._jobs.values() if j.state is JobState.RUNNING]
+
+    def get(self, pull_id: str) -> PullJob:
+        job = self._jobs.get(pull_id)
+        if job is None:
+            raise NotFound(f"no pull {pull_id!r} (the last {KEEP_JOBS} are kept, in memory)", field="pullId")
+        return job
+
+    def start(self, ref: Reference) -> PullJob:
+        if self._nursery is None:
+            raise Conflict("image pulls are not running (the server is starting or stopping)")
+        running = self.running()
+        for job in running:
+            if str(job.reference) == str(ref):
+                raise Conflict(f"{ref} is being pulled already (pull {job.id})", field="ref", pullId=job.id)
+        if len(running) >= MAX_RUNNING:
+            raise Conflict(f"at most {MAX_RUNNING} pulls run at once and "
+                           f"{', '.join(j.id for j in running)} are running; wait for one or cancel it",
+                           limit=MAX_RUNNING, running=[j.id for j in running])
+        job = PullJob(new_id("pul"), ref, iso(datetime.now(UTC)))
+        self._jobs[job.id] = job
+        finished = [j for j in self._jobs.values() if j.state is not JobState.RUNNING]
+        for old in finished[: max(0, len(self._jobs) - KEEP_JOBS)]:
+            del self._jobs[old.id]
+        self._nursery.start_soon(self._run, job)
+        return job
+
+    async def cancel(self, pull_id: str) -> PullJob:
+        job = self.get(pull_id)
+        if job.state is JobState.RUNNING:
+            job.cancel_requested = True
+            job.scope.cancel()
+            with trio.move_on_after(CANCEL_WAIT_S):
+                await job.ended.wait()
+        return job
+
+    async def _run(self, job: PullJob) -> None:
+        try:
+            with job.scope:
+                job.pulled = await self.client.pull(job.reference, self.store, job.progress)
+                log.info("pulled %s: %d bytes fetched, %d already here", job.pulled.reference,
+                         job.pulled.fetched_bytes, job.pulled.reused_bytes)
+                job.end(JobState.DONE)
+        except RigdError as exc:
+            log.warning("pull %s of %s failed: %s", job.id, job.reference, exc.message)
+            job.end(JobState.FAILED, error=exc)
+        except Exception as exc:  # a pull is its own failure boundary: the server keeps serving
+            log.exception("pull %s of %s failed", job.id, job.reference)
+            job.end(JobState.FAILED, error=RigdError(f"the pull failed: {type(exc).__name__}: {exc}",
+                                                     reason=type(exc).__name__))
+        finally:
+            if job.state is JobState.RUNNING:
+                job.end(JobState.CANCELLED)
+            job.ended.set()
+
+
+__all__ = ["MAX_RUNNING", "PullJob", "PullJobs", "store_dir"]
