@@ -295,13 +295,13 @@ class Response:
         name = name.lower()
         return [v for k, v in self.headers if k == name]
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        async for data in self._conn.body():
-            yield data
+    async def next_chunk(self) -> bytes | None:
+        """The next bytes of the body, or None at its end."""
+        return await self._conn.next_data()
 
     async def read(self, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
         out = bytearray()
-        async for data in self.chunks():
+        while (data := await self.next_chunk()) is not None:
             out += data
             if len(out) > limit:
                 raise RegistryError(f"{self.url.authority} sent more than {limit} bytes for "
@@ -328,7 +328,8 @@ class _Connection:
                 data = await self.stream.receive_some(READ_CHUNK)
             self.h11.receive_data(bytes(data))
 
-    async def body(self) -> AsyncIterator[bytes]:
+    async def next_data(self) -> bytes | None:
+        """The next body bytes of the response being read, or None at its end."""
         while True:
             try:
                 event = await self.next_event()
@@ -336,11 +337,13 @@ class _Connection:
                 raise RegistryError(f"the registry broke HTTP/1.1: {exc}") from exc
             except trio.TooSlowError as exc:
                 raise RegistryError(f"the registry sent nothing for {IDLE_TIMEOUT_S:g} s") from exc
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise RegistryError(f"the registry dropped the connection: {exc}") from exc
             if isinstance(event, h11.Data):
-                yield bytes(event.data)
-            elif isinstance(event, h11.EndOfMessage):
-                return
-            elif isinstance(event, h11.ConnectionClosed):
+                return bytes(event.data)
+            if isinstance(event, h11.EndOfMessage):
+                return None
+            if isinstance(event, h11.ConnectionClosed):
                 raise RegistryError("the registry closed the connection before the body ended")
 
 
@@ -737,7 +740,7 @@ class BlobStore:
             os.lseek(fd, have, os.SEEK_SET)
             size = have
             last, last_size = 0.0, size
-            async for data in resp.chunks():
+            while (data := await resp.next_chunk()) is not None:
                 size += len(data)
                 if size > desc.size:
                     await trio.to_thread.run_sync(_discard, fd, part)
