@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tarfile
 import threading
@@ -214,7 +215,8 @@ class LocalRegistry:
     """``docker-registry serve`` on 127.0.0.1 with storage in ``workdir``; ``auth`` is None,
     ``"basic"`` or ``"token"``."""
 
-    def __init__(self, workdir: Path, auth: str | None = None, *, anonymous_pull: bool = False) -> None:
+    def __init__(self, workdir: Path, auth: str | None = None, *, anonymous_pull: bool = False,
+                 tls: Any = None) -> None:
         self.workdir = workdir
         self.auth = auth
         self.port = free_port()
@@ -223,12 +225,20 @@ class LocalRegistry:
         self.token: TokenServer | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.anonymous_pull = anonymous_pull
+        #: A ``trustme.CA`` to serve HTTPS with (a leaf for 127.0.0.1), or None for plain HTTP.
+        self.tls = tls
 
     def start(self) -> LocalRegistry:
         self.workdir.mkdir(parents=True, exist_ok=True)
         lines = ["version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:",
                  f"    rootdirectory: {self.storage}", "  delete:", "    enabled: true",
                  "http:", f"  addr: 127.0.0.1:{self.port}", "  secret: " + secrets.token_hex(16)]
+        if self.tls is not None:
+            leaf = self.tls.issue_cert("127.0.0.1")
+            cert, key = self.workdir / "tls.crt", self.workdir / "tls.key"
+            cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+            key.write_bytes(leaf.private_key_pem.bytes())
+            lines += ["  tls:", f"    certificate: {cert}", f"    key: {key}"]
         if self.auth == "basic":
             htpasswd = self.workdir / "htpasswd"
             out = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, text=True,
@@ -248,7 +258,12 @@ class LocalRegistry:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2):
+                context = ssl.create_default_context()
+                if self.tls is not None:
+                    self.tls.configure_trust(context)
+                scheme = "https" if self.tls is not None else "http"
+                with urllib.request.urlopen(f"{scheme}://{self.host}/v2/", timeout=2,
+                                            context=context if self.tls is not None else None):
                     break
             except urllib.error.HTTPError as exc:
                 if exc.code == 401:

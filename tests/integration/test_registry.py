@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 from rigd.errors import RigdError
 from rigd.images import oci
@@ -318,3 +320,20 @@ def test_the_server_pulls_lists_and_removes_through_the_rpc_and_the_cli(plain: s
         manifest = oci.load_manifest(store.root, str(app["digest"]))
         for desc in (manifest.config, *manifest.layers):
             oci.verify_blob(store.root, desc)
+
+
+async def test_an_https_registry_is_verified_and_gets_the_credentials(layout: Layout, tmp_path: Path) -> None:
+    """Over HTTPS (a trustme CA the client is given) basic credentials are sent; a client that
+    does not trust the CA refuses the registry before sending anything."""
+    ca = trustme.CA()
+    with running(tmp_path / "reg", "basic", tls=ca) as reg:
+        reg.push(layout.root, "app", "t/img")
+        ref = parse_reference(f"{reg.host}/t/img:app")
+        trusted = ssl.create_default_context()
+        ca.configure_trust(trusted)
+        secure = RegistryClient(credentials={reg.host: Credentials(USER, PASSWORD)}, ssl_context=trusted)
+        pulled = await secure.pull(ref, store_at(tmp_path / "a"))
+        assert pulled.fetched and pulled.digest.startswith("sha256:")
+        stranger = RegistryClient(credentials={reg.host: Credentials(USER, PASSWORD)})
+        with pytest.raises(RegistryError, match="TLS with"):
+            await stranger.pull(ref, store_at(tmp_path / "b"))
