@@ -21,11 +21,11 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import trio
 
@@ -176,20 +176,27 @@ class ImportJob:
             }
 
 
-class ImportJobs:
-    """The server's import jobs. ``run`` (started with ``nursery.start``) owns their tasks.
+class _Job(Protocol):
+    id: str
+    state: JobState
+    scope: trio.CancelScope
+    ended: trio.Event
+    cancel_requested: bool
 
-    ``listing`` says what is imported and which image boots (the server
-    passes :func:`rigd.server.main.which_boots`); ``importer`` is the seam
-    unit tests replace (the real one is :func:`import_image`).
-    """
 
-    def __init__(self, data_dir: Path, listing: Callable[[], BootChoice], *,
-                 importer: Importer = import_image) -> None:
-        self.data_dir = data_dir
-        self.listing = listing
-        self._importer = importer
-        self._jobs: dict[str, ImportJob] = {}
+J = TypeVar("J", bound=_Job)
+
+
+class JobTable(Generic[J]):
+    """Background jobs of one kind, in memory: ``run`` (started with ``nursery.start``) owns
+    their tasks; the last :data:`KEEP_JOBS` are kept, the oldest finished ones forgotten first."""
+
+    #: The kind in words ("import") and the field its id is asked by ("importId").
+    what = "job"
+    id_field = "jobId"
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, J] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -201,15 +208,54 @@ class ImportJobs:
         finally:
             self._nursery = None
 
-    def running(self) -> list[ImportJob]:
+    def running(self) -> list[J]:
         return [j for j in self._jobs.values() if j.state is JobState.RUNNING]
 
-    def get(self, import_id: str) -> ImportJob:
-        job = self._jobs.get(import_id)
+    def get(self, job_id: str) -> J:
+        job = self._jobs.get(job_id)
         if job is None:
-            raise NotFound(f"no import {import_id!r} (the last {KEEP_JOBS} are kept, in memory)",
-                           field="importId")
+            raise NotFound(f"no {self.what} {job_id!r} (the last {KEEP_JOBS} are kept, in memory)",
+                           field=self.id_field)
         return job
+
+    def _launch(self, job: J, task: Callable[[J], Awaitable[None]]) -> J:
+        assert self._nursery is not None
+        self._jobs[job.id] = job
+        finished = [j for j in self._jobs.values() if j.state is not JobState.RUNNING]
+        for old in finished[: max(0, len(self._jobs) - KEEP_JOBS)]:
+            del self._jobs[old.id]
+        self._nursery.start_soon(task, job)
+        return job
+
+    async def cancel(self, job_id: str) -> J:
+        """Cancel a running job and wait (a few seconds at most) for it to stop; a finished
+        job is returned as it is."""
+        job = self.get(job_id)
+        if job.state is JobState.RUNNING:
+            job.cancel_requested = True
+            job.scope.cancel()
+            with trio.move_on_after(CANCEL_WAIT_S):
+                await job.ended.wait()
+        return job
+
+
+class ImportJobs(JobTable[ImportJob]):
+    """The server's import jobs.
+
+    ``listing`` says what is imported and which image boots (the server
+    passes :func:`rigd.server.main.which_boots`); ``importer`` is the seam
+    unit tests replace (the real one is :func:`import_image`).
+    """
+
+    what = "import"
+    id_field = "importId"
+
+    def __init__(self, data_dir: Path, listing: Callable[[], BootChoice], *,
+                 importer: Importer = import_image) -> None:
+        super().__init__()
+        self.data_dir = data_dir
+        self.listing = listing
+        self._importer = importer
 
     def start(self, source: str, sha256: str) -> ImportJob:
         """Start importing; ``source`` and ``sha256`` are checked already. Raises
@@ -226,27 +272,7 @@ class ImportJobs:
             raise Conflict(f"at most {MAX_RUNNING} imports run at once and {ids} are running; "
                            "wait for one to finish or cancel it", limit=MAX_RUNNING,
                            running=[j.id for j in running])
-        job = ImportJob(new_id("imp"), source, sha256, iso(datetime.now(UTC)))
-        self._jobs[job.id] = job
-        self._forget_old()
-        self._nursery.start_soon(self._run, job)
-        return job
-
-    def _forget_old(self) -> None:
-        finished = [j for j in self._jobs.values() if j.state is not JobState.RUNNING]
-        for job in finished[: max(0, len(self._jobs) - KEEP_JOBS)]:
-            del self._jobs[job.id]
-
-    async def cancel(self, import_id: str) -> ImportJob:
-        """Cancel a running job and wait (a few seconds at most) for its worker to stop;
-        a finished job is returned as it is."""
-        job = self.get(import_id)
-        if job.state is JobState.RUNNING:
-            job.cancel_requested = True
-            job.scope.cancel()
-            with trio.move_on_after(CANCEL_WAIT_S):
-                await job.ended.wait()
-        return job
+        return self._launch(ImportJob(new_id("imp"), source, sha256, iso(datetime.now(UTC))), self._run)
 
     async def _run(self, job: ImportJob) -> None:
         work = functools.partial(self._importer, job.source, job.sha256, self.data_dir,
@@ -282,5 +308,5 @@ class ImportJobs:
             job.ended.set()
 
 
-__all__ = ["KEEP_JOBS", "MAX_RUNNING", "ImportJob", "ImportJobs", "JobState", "image_entry", "listing",
-           "rate_and_eta"]
+__all__ = ["KEEP_JOBS", "MAX_RUNNING", "ImportJob", "ImportJobs", "JobState", "JobTable", "image_entry",
+           "listing", "rate_and_eta"]

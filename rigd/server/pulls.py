@@ -24,9 +24,9 @@ from typing import Any
 
 import trio
 
-from rigd.errors import Conflict, NotFound, RigdError
+from rigd.errors import Conflict, RigdError
 from rigd.images.registry import BlobStore, Progress, Pulled, Reference, RegistryClient
-from rigd.server.imports import CANCEL_WAIT_S, KEEP_JOBS, RATE_WINDOW_S, JobState, rate_and_eta
+from rigd.server.imports import RATE_WINDOW_S, JobState, JobTable, rate_and_eta
 from rigd.store.util import iso, new_id
 
 log = logging.getLogger("rigd.images")
@@ -101,32 +101,16 @@ class PullJob:
         }
 
 
-class PullJobs:
-    """The server's pulls. ``run`` (started with ``nursery.start``) owns their tasks."""
+class PullJobs(JobTable[PullJob]):
+    """The server's pulls (:class:`rigd.server.imports.JobTable`)."""
+
+    what = "pull"
+    id_field = "pullId"
 
     def __init__(self, data_dir: Path, client: RegistryClient) -> None:
+        super().__init__()
         self.client = client
         self.store = BlobStore(store_dir(data_dir))
-        self._jobs: dict[str, PullJob] = {}
-        self._nursery: trio.Nursery | None = None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            self._nursery = None
-
-    def running(self) -> list[PullJob]:
-        return [j for j in self._jobs.values() if j.state is JobState.RUNNING]
-
-    def get(self, pull_id: str) -> PullJob:
-        job = self._jobs.get(pull_id)
-        if job is None:
-            raise NotFound(f"no pull {pull_id!r} (the last {KEEP_JOBS} are kept, in memory)", field="pullId")
-        return job
 
     def start(self, ref: Reference) -> PullJob:
         if self._nursery is None:
@@ -139,22 +123,7 @@ class PullJobs:
             raise Conflict(f"at most {MAX_RUNNING} pulls run at once and "
                            f"{', '.join(j.id for j in running)} are running; wait for one or cancel it",
                            limit=MAX_RUNNING, running=[j.id for j in running])
-        job = PullJob(new_id("pul"), ref, iso(datetime.now(UTC)))
-        self._jobs[job.id] = job
-        finished = [j for j in self._jobs.values() if j.state is not JobState.RUNNING]
-        for old in finished[: max(0, len(self._jobs) - KEEP_JOBS)]:
-            del self._jobs[old.id]
-        self._nursery.start_soon(self._run, job)
-        return job
-
-    async def cancel(self, pull_id: str) -> PullJob:
-        job = self.get(pull_id)
-        if job.state is JobState.RUNNING:
-            job.cancel_requested = True
-            job.scope.cancel()
-            with trio.move_on_after(CANCEL_WAIT_S):
-                await job.ended.wait()
-        return job
+        return self._launch(PullJob(new_id("pul"), ref, iso(datetime.now(UTC))), self._run)
 
     async def _run(self, job: PullJob) -> None:
         try:
