@@ -41,6 +41,7 @@ import trio
 
 from rigd.errors import Conflict, FieldError, Forbidden, NotFound
 from rigd.events import APPROVAL_DECIDED, APPROVAL_REQUESTED, EventBus
+from rigd.images.registry import parse_reference
 from rigd.live_rig import Caller
 from rigd.model import TOOL_ACTION_CLASSES, ActionClass
 from rigd.params import ID_RE, boolean, ident, integer, no_extra, obj, string
@@ -98,11 +99,25 @@ def _classes(value: object) -> list[str]:
     return [c for c in _CLASSES if c in out]  # one order, whatever order was given
 
 
+def _image(value: object) -> str:
+    """A registry reference, normalised (``ubuntu:24.04`` → ``docker.io/library/ubuntu:24.04``);
+    local paths, archives, transports and flag-like strings are refused."""
+    return str(parse_reference(value, "value"))
+
+
+#: The custom-image keys (RIGS.md §3, "Custom images per workspace").
+EXEC_IMAGE = "rigs.smolvm.execImage"
+BROWSER_IMAGE = "rigs.smolvm.browserImage"
+
 SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting("guard.readOnly", False, _bool,
             "deny every tool that declares an action class (rig_list still answers)"),
     Setting("guard.askFirst", [], _classes,
             "action classes whose tool calls wait for a person's approval"),
+    Setting(EXEC_IMAGE, None, _image,
+            "the registry image this workspace's terminal rigs boot (null: the built-in image)"),
+    Setting(BROWSER_IMAGE, None, _image,
+            "the registry image of this workspace's Chromium rigs (null: the built-in image)"),
 )}
 
 
@@ -129,6 +144,8 @@ class WorkspaceSettings:
     values: Mapping[str, Any]
     #: key → (updatedAt, updatedBy) of the keys an admin set.
     changed: Mapping[str, tuple[str, str]]
+    #: key → why its stored value is not in force (the default holds meanwhile).
+    ignored: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def rules(self) -> Rules:
@@ -137,7 +154,34 @@ class WorkspaceSettings:
 
     def to_json(self, workspace: Workspace) -> dict[str, Any]:
         return {"workspace": workspace.id, "settings": dict(self.values),
-                "changed": {k: {"at": at, "by": by} for k, (at, by) in self.changed.items()}}
+                "changed": {k: {"at": at, "by": by} for k, (at, by) in self.changed.items()},
+                "ignored": dict(self.ignored)}
+
+
+def custom_image(settings: WorkspaceSettings, surface: str,
+                 engine: str | None) -> tuple[str | None, str | None]:
+    """The registry reference a new rig of ``surface`` boots by the workspace's settings, and
+    a note for the Rig when a setting is not used (the built-in image boots then): a stored
+    value that is not a registry reference (checked again here, at boot), or a browser key
+    this server does not apply yet."""
+    key = EXEC_IMAGE if surface == "terminal" else BROWSER_IMAGE if surface == "browser" else None
+    if key is None:
+        return None, None
+    if key in settings.ignored:
+        return None, f"{key}: {settings.ignored[key]}; the built-in image boots"
+    value = settings.values.get(key)
+    if value is None:
+        return None, None
+    try:
+        ref = str(parse_reference(value, key))
+    except FieldError as exc:
+        return None, f"{key}: {exc.reason}; the built-in image boots"
+    if key == BROWSER_IMAGE:
+        if engine not in (None, "chromium"):
+            return None, f"{key} ({ref}) applies to Chromium rigs only; this {engine} rig boots its own image"
+        return None, (f"{key} ({ref}) is set, but this rigd does not boot custom browser images yet; "
+                      "the built-in Chromium image boots")
+    return ref, None
 
 
 # --- the decision (pure) ------------------------------------------------------------------
@@ -296,6 +340,7 @@ class Guard:
         rows = await self.stores.run(self.stores.server.workspace_settings, workspace_id)
         values = {k: s.default for k, s in SETTINGS.items()}
         changed: dict[str, tuple[str, str]] = {}
+        ignored: dict[str, str] = {}
         for row in rows:
             setting = SETTINGS.get(row.key)
             try:
@@ -303,12 +348,16 @@ class Guard:
                     raise FieldError("key", "unknown to this rigd")
                 values[row.key] = setting.parse(json.loads(row.value))
             except (ValueError, FieldError) as exc:
-                # Written by another rigd version: its default holds until an admin sets it again.
+                # Written by another rigd version, or planted in the store: its default holds
+                # until an admin sets it again, and whoever reads the settings is told so.
+                reason = exc.reason if isinstance(exc, FieldError) else f"not JSON: {exc}"
                 log.warning("ignoring a stored workspace setting",
-                            extra={"workspace": workspace_id, "key": row.key[:64], "reason": str(exc)})
+                            extra={"workspace": workspace_id, "key": row.key[:64], "reason": reason})
+                if setting is not None:
+                    ignored[row.key] = f"the stored value {row.value[:120]!s} is ignored: {reason}"
                 continue
             changed[row.key] = (row.updated_at, row.updated_by)
-        settings = WorkspaceSettings(values, changed)
+        settings = WorkspaceSettings(values, changed, ignored)
         self._settings[workspace_id] = settings
         return settings
 

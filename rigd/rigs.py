@@ -41,6 +41,7 @@ from rigd.backends.layout import LeftBehind
 from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError
 from rigd.events import EventBus
 from rigd.failure import describe_failure, leaves
+from rigd.guard import WorkspaceSettings, custom_image
 from rigd.live_rig import NET_AUDIT_BUFFER, Caller, LiveRig, net_audit_sink, rig_state, write_net_audit
 from rigd.model import (
     ACCEL_OF,
@@ -104,6 +105,8 @@ class RigManager:
         self.network = network
         #: The backends' crash recovery (kills survivors by pid + start time, removes runtime files).
         self._recover = recover
+        #: A workspace's settings (rigd.guard), for its custom images; None: built-in images only.
+        self.settings_of: Callable[[str], Awaitable[WorkspaceSettings]] | None = None
 
     # -- service lifetime -------------------------------------------------------
 
@@ -229,6 +232,10 @@ class RigManager:
         policy: Policy | None,
     ) -> LiveRig:
         assert self._nursery is not None
+        image_ref, image_note = None, None
+        if self.settings_of is not None:
+            image_ref, image_note = custom_image(await self.settings_of(ws_id), params.surface.value,
+                                                 params.engine.value if params.engine else None)
         now = utcnow()
         rig_id = new_id("rig")
         row = RigRow(
@@ -245,6 +252,7 @@ class RigManager:
             last_active_at=iso(now), expires_at=iso(now + timedelta(seconds=params.ttl_s)),
             closed_at=None, pid=None, pid_start_ticks=None, console_tail=None,
             egress=egress_json(policy, params.egress_defaults),
+            image_ref=image_ref, image_note=image_note,
         )
         await self.stores.run(db.insert_rig, row)
         await self.stores.run(self.stores.server.index_rig, rig_id, ws_id)
@@ -289,6 +297,7 @@ class RigManager:
                         display=(row.display_w, row.display_h) if row.display_w and row.display_h else None,
                         engine=row.engine,
                         profile=(row.created_by, rig.profile) if rig.profile else None,
+                        image=row.image_ref,
                     )
                     with trio.CancelScope() as scope:
                         rig.scope = scope

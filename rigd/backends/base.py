@@ -53,6 +53,9 @@ class MachineSpec:
     engine: str | None = None
     #: A browser rig's profile: (owner user id, profile name).
     profile: tuple[str, str] | None = None
+    #: A terminal rig's custom image: a registry reference (a workspace's
+    #: ``rigs.smolvm.execImage``), pulled on the host if absent; None: the built-in image.
+    image: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,20 @@ Everything else — the machine, warm starts, gates, teardown — is the QEMU
 backend's (:mod:`rigd.backends.host`); this module is the recipe only. A
 terminal has no screen: its driver is :class:`rigd.backends.recipe.NoScreen`.
 ``RIGD_WARM_STARTS=0`` (or ``QemuConfig.warm_starts=False``) turns warm starts off.
+
+A rig whose spec names a custom image (a workspace's ``rigs.smolvm.execImage``)
+boots a pack of that registry image instead (pulled on the host first if it is
+not in the store: phase ``pulling image``), keyed by its digest and the same
+``tools-v1``; the first boot of each such pack checks the terminal image
+contract (RIGS.md §3: bash, git, curl, socat) inside the guest and fails the
+rig naming what is missing. Custom images boot cold (no memory snapshots).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +43,7 @@ from rigd.backends.microvm_argv import microvm_argv
 from rigd.backends.qemu import QemuConfig, timeouts_for
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Driver, Identity, NoScreen, RigPaths
 from rigd.backends.warm import SnapshotService
+from rigd.errors import BackendError
 from rigd.images import TerminalAssets
 from rigd.model import Backend, Surface
 
@@ -87,9 +97,12 @@ class TerminalRecipe:
     backing: Path
     surface: Surface = Surface.TERMINAL
     backing_format: str = "raw"
+    #: A custom image: its pack (digest, where its contract check is recorded); None: the built-in.
+    custom: CustomPack | None = None
 
     def identity(self, spec: MachineSpec) -> Identity:
-        return Identity(Backend.SMOLVM, self.config.accel, self.assets.image_digest)
+        digest = self.custom.digest if self.custom is not None else self.assets.image_digest
+        return Identity(Backend.SMOLVM, self.config.accel, digest)
 
     def boot_deadline_s(self, spec: MachineSpec) -> float:
         return timeouts_for(self.config.accel)[0]
@@ -101,7 +114,9 @@ class TerminalRecipe:
                         tap_fd=tap_fd)
 
     def warm_eligible(self, spec: MachineSpec) -> bool:
-        return True
+        # A custom image's snapshot would be keyed by a pack an admin can replace at any
+        # time (image.rm, a new tag): custom images boot cold.
+        return self.custom is None
 
     def warm_shape(self, spec: MachineSpec) -> tuple[list[str], dict[str, Any]]:
         assets = self.assets
@@ -118,17 +133,99 @@ class TerminalRecipe:
         }
 
     def driver(self, machine: QemuMachine) -> Driver:
+        if self.custom is not None and not self.custom.contract.exists():
+            return ContractCheck(self.surface, machine, self.custom)
         return NoScreen(self.surface)
 
 
+@dataclass(frozen=True, slots=True)
+class CustomPack:
+    """The pack of a registry image (a workspace's ``rigs.smolvm.execImage``)."""
+
+    reference: str
+    digest: str
+    rootfs: Path
+
+    @property
+    def contract(self) -> Path:
+        """Written once the image passed the terminal contract check (its first boot)."""
+        return self.rootfs.parent / "contract.json"
+
+
+#: What RIGS.md §3 asks of a terminal image.
+CONTRACT = ("bash", "git", "curl", "socat")
+#: The check, run by the tools disk's busybox (the image may have no shell at all).
+CONTRACT_SCRIPT = (
+    "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; "
+    f"for p in {' '.join(CONTRACT)}; do command -v \"$p\" >/dev/null 2>&1 || echo \"missing $p\"; done; "
+    "command -v apt-get >/dev/null 2>&1 && echo apt; "
+    "[ -r /etc/os-release ] && . /etc/os-release && echo \"os $PRETTY_NAME\"; true"
+)
+BUSYBOX = "/.rigd/bin/busybox"
+
+
+def contract_problem(reference: str, report: str) -> str | None:
+    """What the check's output says is missing (None: the image is a terminal image)."""
+    lines = report.splitlines()
+    missing = [line.removeprefix("missing ") for line in lines if line.startswith("missing ")]
+    if not missing:
+        return None
+    os_name = next((line.removeprefix("os ") for line in lines if line.startswith("os ")), "")
+    where = f" ({os_name})" if os_name else ""
+    text = (f"the image {reference}{where} is not a terminal image: it lacks "
+            f"{', '.join(missing)} (RIGS.md §3 asks for {', '.join(CONTRACT)})")
+    if "apt" in lines:
+        text += ("; it has apt-get, but installing the toolkit into a custom image at its first "
+                 "start is not built yet: install those packages in the image itself")
+    return text
+
+
+class ContractCheck(NoScreen):
+    """A terminal whose custom image has not yet passed the contract check: the check is
+    its readiness; the first pass is recorded beside the pack, so later rigs skip it."""
+
+    def __init__(self, surface: Surface, machine: QemuMachine, pack: CustomPack) -> None:
+        super().__init__(surface)
+        self.machine = machine
+        self.pack = pack
+
+    async def ready(self, progress: Callable[[str], None], *, warm: bool, left_s: float) -> None:
+        progress("checking the image's terminal contract")
+        res = await self.machine.exec([BUSYBOX, "sh", "-c", CONTRACT_SCRIPT], cwd="/", env=None,
+                                      stdin=None, timeout_s=max(5.0, min(left_s, 60.0)),
+                                      max_output=16_384)
+        report = res.stdout.decode("utf-8", "replace")
+        if res.exit_code != 0:
+            raise BackendError(f"the terminal contract check of {self.pack.reference} could not run "
+                               f"(exit {res.exit_code}): {res.stderr.decode('utf-8', 'replace')[-300:]}")
+        problem = contract_problem(self.pack.reference, report)
+        if problem is not None:
+            raise BackendError(problem, image=self.pack.digest)
+        doc = {"reference": self.pack.reference, "digest": self.pack.digest, "passed": list(CONTRACT)}
+        await trio.to_thread.run_sync(_write_contract, self.pack.contract, doc)
+
+
+def _write_contract(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc) + "\n")
+    os.replace(tmp, path)
+
+
+#: Pull (if needed) and pack a registry reference: (digest, the pack's rootfs).
+CustomPacker = Callable[[str, Callable[[str], None]], Awaitable[tuple[str, Path]]]
+
+
 class TerminalImages:
-    """The recipe source of terminal rigs: the pack, unpacked once (under a lock)."""
+    """The recipe source of terminal rigs: the pack, unpacked once (under a lock); a custom
+    image's pack through ``custom`` (the server's pulls)."""
 
     def __init__(self, config: QemuConfig, assets: TerminalAssets,
-                 ensure_pack: Callable[[Callable[[str], None]], Path]) -> None:
+                 ensure_pack: Callable[[Callable[[str], None]], Path],
+                 custom: CustomPacker | None = None) -> None:
         self.config = config
         self.assets = assets
         self._ensure_pack = ensure_pack
+        self._custom = custom
         self._lock = trio.Lock()
 
     async def pack(self, progress: Callable[[str], None]) -> Path:
@@ -136,14 +233,21 @@ class TerminalImages:
             return await trio.to_thread.run_sync(self._ensure_pack, progress)
 
     async def recipe(self, spec: MachineSpec, progress: Callable[[str], None]) -> TerminalRecipe:
-        return TerminalRecipe(self.config, self.assets, await self.pack(progress))
+        if spec.image is None:
+            return TerminalRecipe(self.config, self.assets, await self.pack(progress))
+        if self._custom is None:
+            raise BackendError(f"this server cannot boot registry images (asked for {spec.image})")
+        digest, rootfs = await self._custom(spec.image, progress)
+        return TerminalRecipe(self.config, self.assets, rootfs,
+                              custom=CustomPack(spec.image, digest, rootfs))
 
 
 def terminal_backend(
     config: QemuConfig, assets: TerminalAssets, ensure_pack: Callable[[Callable[[str], None]], Path], *,
     layout: Layout | None = None, uids: UidPool | None = None, snapshots: SnapshotService | None = None,
+    custom: CustomPacker | None = None,
 ) -> QemuBackend:
-    return QemuBackend(Backend.SMOLVM, config, TerminalImages(config, assets, ensure_pack),
+    return QemuBackend(Backend.SMOLVM, config, TerminalImages(config, assets, ensure_pack, custom),
                        layout=layout, uids=uids, snapshots=snapshots)
 
 
@@ -157,5 +261,6 @@ async def prepare_terminals(backend: QemuBackend, memory_mb: int, vcpus: int,
     await backend.snapshots.ensure(recipe, spec)
 
 
-__all__ = ["NetworkConfig", "QemuConfig", "TerminalImages", "TerminalRecipe", "prepare_terminals",
+__all__ = ["CONTRACT", "ContractCheck", "CustomPack", "CustomPacker", "NetworkConfig", "QemuConfig",
+           "TerminalImages", "TerminalRecipe", "prepare_terminals",
            "rig_argv", "terminal_backend"]

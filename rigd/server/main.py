@@ -47,7 +47,7 @@ from rigd.images.cache import sha256_file
 from rigd.images.desktop import find_desktop
 from rigd.images.importer import BootChoice, ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
-from rigd.images.registry import RegistryClient
+from rigd.images.registry import RegistryClient, parse_reference
 from rigd.mcp import AsyncRpc, HttpEndpoint, dispatched
 from rigd.model import LIMITS, Accel, Surface
 from rigd.rigs import Caller, RigManager
@@ -114,6 +114,18 @@ def share_pack(rootfs: Path) -> Path:
 def readable_pack(assets: TerminalAssets, data_dir: Path, progress: Callable[[str], None]) -> Path:
     """The terminal pack's rootfs (built once), readable by rig uids."""
     return share_pack(ensure_pack(assets, data_dir, progress))
+
+
+async def custom_pack(data_dir: Path, pulls: PullJobs, reference: str,
+                      progress: Callable[[str], None]) -> tuple[str, Path]:
+    """A workspace's custom terminal image: pulled on the host if absent (never through a
+    rig's gate), then unpacked once into a pack like the built image's (keyed by its digest
+    and ``tools-v1``), readable by rig uids. The reference is parsed again here (at boot)."""
+    ref = parse_reference(reference, "rigs.smolvm.execImage")
+    digest = await pulls.ensure(ref, progress)
+    rootfs = await trio.to_thread.run_sync(
+        lambda: share_pack(ensure_pack(pulls.store.root, data_dir, progress, digest=digest)))
+    return digest, rootfs
 
 
 def browser_pack(data_dir: Path, cache_dir: Path | None, engine: ImageEngine,
@@ -392,8 +404,10 @@ async def _serve(
     layout = Layout(data_dir)
     uids = UidPool()
     snapshots = SnapshotService(qemu_config, layout, uids)
+    pulls = PullJobs(data_dir, RegistryClient(insecure=config.insecure_registries))
     backend = terminal_backend(qemu_config, assets, make_pack, layout=layout, uids=uids,
-                               snapshots=snapshots)
+                               snapshots=snapshots,
+                               custom=functools.partial(custom_pack, data_dir, pulls))
     desktop = desktop_backend(qemu_config, desktop_images(data_dir, config.cache_dir), layout=layout,
                               uids=uids, snapshots=snapshots)
     browser = browser_backend(qemu_config, functools.partial(browser_pack, data_dir, config.cache_dir),
@@ -408,7 +422,6 @@ async def _serve(
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
     imports = ImportJobs(data_dir, functools.partial(which_boots, data_dir, config.cache_dir))
-    pulls = PullJobs(data_dir, RegistryClient(insecure=config.insecure_registries))
     dispatcher = Dispatcher(build_methods(stores, rigs, signer, base_url, broker,
                                           images=imports, pulls=pulls))
     ctx = ServerContext(stores, rigs, dispatcher, signer)

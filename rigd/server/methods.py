@@ -43,6 +43,8 @@ def build_methods(
     server = stores.server
     api = RigApi(rigs)
     tools = Tools(api)
+    # New rigs boot a workspace's custom image (rigs.smolvm.execImage) from the same settings.
+    rigs.settings_of = tools.guard.settings
 
     async def workspace_list(caller: Caller, raw: object) -> list[dict[str, Any]]:
         no_extra(obj(raw), set())

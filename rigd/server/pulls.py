@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,10 +57,14 @@ class PullJob:
     pulled: Pulled | None = None
     cancel_requested: bool = False
     finished_at: str | None = None
+    #: Told every progress report (a rig waiting for its image says how far the pull is).
+    watchers: list[Callable[[Progress], None]] = field(default_factory=list)
     _t0: float = field(default_factory=time.monotonic)
     _samples: deque[tuple[float, int]] = field(default_factory=deque)
 
     def progress(self, p: Progress) -> None:
+        for watch in list(self.watchers):
+            watch(p)
         now = time.monotonic()
         self.phase, self.done, self.reused = p.phase, p.done_bytes, p.reused_bytes
         self.total = p.total_bytes or None
@@ -124,6 +129,31 @@ class PullJobs(JobTable[PullJob]):
                            f"{', '.join(j.id for j in running)} are running; wait for one or cancel it",
                            limit=MAX_RUNNING, running=[j.id for j in running])
         return self._launch(PullJob(new_id("pul"), ref, iso(datetime.now(UTC))), self._run)
+
+    async def ensure(self, ref: Reference, progress: Callable[[str], None]) -> str:
+        """The digest of ``ref`` in the store, pulling it first if it is not there (joining a
+        pull of it already running). A tag found in the store keeps the digest it was pinned
+        to when it was pulled: it is not resolved again."""
+        image = await trio.to_thread.run_sync(self.store.find, str(ref))
+        if image is not None and isinstance(image.get("digest"), str):
+            return str(image["digest"])
+        job = next((j for j in self.running() if str(j.reference) == str(ref)), None) or self.start(ref)
+
+        def watch(p: Progress) -> None:
+            total = f" of {p.total_bytes / 1e6:.1f} MB" if p.total_bytes else ""
+            progress(f"pulling image {ref}: {p.done_bytes / 1e6:.1f} MB{total}")
+
+        progress(f"pulling image {ref}")
+        job.watchers.append(watch)
+        try:
+            await job.ended.wait()
+        finally:
+            job.watchers.remove(watch)
+        if job.state is JobState.DONE and job.pulled is not None:
+            return job.pulled.digest
+        if job.error is not None:
+            raise RigdError(f"pulling {ref} failed: {job.error.message}", pullId=job.id)
+        raise RigdError(f"the pull of {ref} was {job.state.value} ({job.id})", pullId=job.id)
 
     async def _run(self, job: PullJob) -> None:
         try:

@@ -113,6 +113,12 @@ MIGRATIONS: list[str] = [
         waited_ms INTEGER NOT NULL
     );
     """,
+    # v5: a terminal rig booted from a workspace's custom image (rigs.smolvm.execImage):
+    # the registry reference it asked for, and why a stored setting was ignored
+    """
+    ALTER TABLE rig_sessions ADD COLUMN image_ref TEXT;
+    ALTER TABLE rig_sessions ADD COLUMN image_note TEXT;
+    """,
 ]
 
 
@@ -150,6 +156,10 @@ class RigRow:
     pid_start_ticks: int | None
     console_tail: str | None
     egress: str | None = None
+    #: The registry reference of a custom image (pinned to its digest once pulled), or None.
+    image_ref: str | None = None
+    #: Why a workspace's custom-image setting was not used (the default booted), or None.
+    image_note: str | None = None
 
 
 _RIG_COLUMNS = [f.name for f in fields(RigRow)]

@@ -116,6 +116,25 @@ class Layout:
         desc = self.blob(json.dumps(manifest, sort_keys=True).encode(), MT_MANIFEST)
         return {**desc, "platform": {"architecture": arch, "os": "linux"}}
 
+    def extend(self, base: Path, digest: str, layers: Sequence[bytes]) -> dict[str, Any]:
+        """A manifest of another layout's image (``base``, manifest ``digest``) with gzip
+        ``layers`` on top: the base's blobs are linked in, not copied; its descriptor."""
+        def blob_of(d: str) -> Path:
+            return base / "blobs" / "sha256" / d.removeprefix("sha256:")
+
+        manifest = json.loads(blob_of(digest).read_bytes())
+        config = json.loads(blob_of(manifest["config"]["digest"]).read_bytes())
+        for desc in manifest["layers"]:
+            target = self.root / "blobs" / "sha256" / desc["digest"].removeprefix("sha256:")
+            if not target.exists():
+                target.symlink_to(blob_of(desc["digest"]))
+        for raw in layers:
+            config["rootfs"]["diff_ids"].append("sha256:" + hashlib.sha256(raw).hexdigest())
+            manifest["layers"].append(self.blob(gzip.compress(raw, mtime=0), MT_LAYER))
+        manifest["config"] = self.blob(json.dumps(config, sort_keys=True).encode(), MT_CONFIG)
+        desc = self.blob(json.dumps(manifest, sort_keys=True).encode(), MT_MANIFEST)
+        return {**desc, "platform": {"architecture": "amd64", "os": "linux"}}
+
     def index(self, manifests: Sequence[dict[str, Any]]) -> dict[str, Any]:
         doc = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": list(manifests)}
         return self.blob(json.dumps(doc, sort_keys=True).encode(), MT_INDEX)

@@ -5,6 +5,7 @@ in the guard log, the rig's action log and the workspace's events."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import trio
 from rigd.backends.fake import FakeBackend
 from rigd.errors import Conflict, FieldError, Forbidden, NotFound
 from rigd.events import APPROVAL_DECIDED, APPROVAL_REQUESTED
-from rigd.guard import Guard, Rules, verdict
+from rigd.guard import Guard, Rules, WorkspaceSettings, custom_image, verdict
 from rigd.model import Accel, ActionClass, Surface
 from rigd.rig_api import RigApi
 from rigd.rigs import Caller, RigManager
@@ -27,6 +28,8 @@ from rigd.tools import Tools
 pytestmark = pytest.mark.timeout(30)
 
 EXEC = {"action": "exec", "argv": ["echo", "hi"]}
+DEFAULTS = {"guard.readOnly": False, "guard.askFirst": [], "rigs.smolvm.execImage": None,
+            "rigs.smolvm.browserImage": None}
 
 
 class World:
@@ -118,14 +121,14 @@ def test_read_only_wins_and_a_tool_without_classes_is_never_held() -> None:
 
 async def test_settings_default_then_set_normalised_and_reset(world: World) -> None:
     got = await world.guard.get_settings(world.agent, {"workspace": "default"})
-    assert got == {"workspace": world.ws, "settings": {"guard.readOnly": False, "guard.askFirst": []},
-                   "changed": {}}
+    assert got == {"workspace": world.ws, "settings": DEFAULTS, "changed": {}, "ignored": {}}
     assert (await world.set("guard.readOnly", True))["value"] is True
     out = await world.set("guard.askFirst", ["processSpawn", "enclosureControl", "processSpawn"])
     assert out == {"workspace": world.ws, "key": "guard.askFirst",
                    "value": ["enclosureControl", "processSpawn"]}
     got = await world.guard.get_settings(world.alice, {"workspace": world.ws})
-    assert got["settings"] == {"guard.readOnly": True, "guard.askFirst": ["enclosureControl", "processSpawn"]}
+    assert got["settings"] == {**DEFAULTS, "guard.readOnly": True,
+                               "guard.askFirst": ["enclosureControl", "processSpawn"]}
     assert got["changed"]["guard.readOnly"]["by"] == world.admin.user.id
     assert (await world.set("guard.readOnly", None))["value"] is False  # null: back to the default
     got = await world.guard.get_settings(world.admin, {"workspace": "default"})
@@ -138,7 +141,17 @@ async def test_settings_default_then_set_normalised_and_reset(world: World) -> N
 
 @pytest.mark.parametrize(("params", "field"), [
     ({"key": "guard.readonly", "value": True}, "key"),
-    ({"key": "rigs.smolvm.execImage", "value": "x"}, "key"),
+    ({"key": "rigs.smolvm.execimage", "value": "x"}, "key"),
+    ({"key": "rigs.smolvm.execImage", "value": "/var/lib/images/ubuntu"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": "./ubuntu.tar"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": "ubuntu.tar.gz"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": "oci-archive:/tmp/u.tar"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": "docker://ubuntu"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": "--privileged"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": "Ubuntu:24.04"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": "ubuntu 24.04"}, "value"),
+    ({"key": "rigs.smolvm.execImage", "value": 24}, "value"),
+    ({"key": "rigs.smolvm.browserImage", "value": "~/chromium"}, "value"),
     ({"key": 3, "value": True}, "key"),
     ({"value": True}, "key"),
     ({"key": "guard.readOnly", "value": "yes"}, "value"),
@@ -186,7 +199,7 @@ async def test_only_admins_set_over_rpc_and_settings_survive_a_restart(world: Wo
     try:
         guard = Guard(stores, world.rigs.events)
         got = await guard.get_settings(world.admin, {"workspace": "default"})
-        assert got["settings"] == {"guard.readOnly": True, "guard.askFirst": []}
+        assert got["settings"] == {**DEFAULTS, "guard.readOnly": True}
         got = await guard.get_settings(world.mallory, {"workspace": "other"})
         assert got["settings"]["guard.askFirst"] == ["networkEgress"]
         rows = await guard.guard_log(world.admin, {"workspace": "default"})
@@ -436,3 +449,60 @@ async def test_the_rpc_table_serves_one_guard_to_tools_call_and_approvals(world:
     [row] = await ask(world.alice, "guard.log", {"workspace": "default"})
     assert row["decision"] == "allowed" and row["conversation"] == "c9"
     assert world.backend.machines[-1].calls == [["echo", "via rpc"]]
+
+
+# --- custom images per workspace --------------------------------------------------------------
+
+
+async def test_an_exec_image_is_normalised_and_new_terminals_boot_it(world: World) -> None:
+    world.rigs.settings_of = world.guard.settings
+    out = await world.set("rigs.smolvm.execImage", "ubuntu:24.04")
+    assert out["value"] == "docker.io/library/ubuntu:24.04"
+    out = await world.set("rigs.smolvm.execImage", "127.0.0.1:5000/team/runner@sha256:" + "ab" * 32)
+    assert out["value"] == "127.0.0.1:5000/team/runner@sha256:" + "ab" * 32
+    rig = await world.api.call("rig.open", world.admin, {"workspace": "default", "surface": "terminal",
+                                                         "wait": True})
+    assert world.backend.machines[-1].spec.image == out["value"]
+    assert rig["imageRef"] == out["value"] and not any("execImage" in n for n in rig["notes"])
+    # A computer rig is not a terminal: the setting does not touch it; another workspace boots its own.
+    await world.api.call("rig.open", world.admin, {"workspace": "default", "surface": "computer"})
+    assert world.backend.machines[-1].spec.image is None
+    await world.api.call("rig.open", world.mallory, {"workspace": "other", "surface": "terminal"})
+    assert world.backend.machines[-1].spec.image is None
+
+
+async def test_a_bad_value_planted_in_the_store_is_ignored_visibly(world: World) -> None:
+    world.rigs.settings_of = world.guard.settings
+    # Not through workspace.settings.set (which refuses it): written straight into server.db.
+    world.stores.server.set_workspace_setting(world.ws, "rigs.smolvm.execImage",
+                                              json.dumps("/home/me/ubuntu.qcow2"), world.admin.user.id)
+    got = await world.guard.get_settings(world.admin, {"workspace": "default"})
+    assert got["settings"]["rigs.smolvm.execImage"] is None
+    assert "/home/me/ubuntu.qcow2" in got["ignored"]["rigs.smolvm.execImage"]
+    assert "local path" in got["ignored"]["rigs.smolvm.execImage"]
+    rig = await world.api.call("rig.open", world.admin, {"workspace": "default", "surface": "terminal",
+                                                         "wait": True})
+    assert rig["phase"] == "ready" and rig["imageRef"] is None
+    assert world.backend.machines[-1].spec.image is None
+    note = next(n for n in rig["notes"] if "execImage" in n)
+    assert "local path" in note and "the built-in image boots" in note
+    again = await world.api.call("rig.get", world.admin, {"rigId": rig["id"]})
+    assert note in again["notes"]  # kept with the rig, not only in the open's answer
+
+
+def test_custom_image_checks_again_at_boot_and_says_what_the_browser_key_does() -> None:
+    def settings(**values: object) -> WorkspaceSettings:
+        return WorkspaceSettings({**DEFAULTS, **values}, {})
+
+    assert custom_image(settings(), "terminal", None) == (None, None)
+    ref = "127.0.0.1:5000/t/u:1"
+    assert custom_image(settings(**{"rigs.smolvm.execImage": ref}), "terminal", None) == (ref, None)
+    # A value that got into the settings without the field's check is refused again here.
+    got, note = custom_image(settings(**{"rigs.smolvm.execImage": "--rm"}), "terminal", None)
+    assert got is None and note is not None and "'-'" in note and "built-in image boots" in note
+    assert custom_image(settings(**{"rigs.smolvm.execImage": ref}), "computer", None) == (None, None)
+    browser = settings(**{"rigs.smolvm.browserImage": ref})
+    got, note = custom_image(browser, "browser", "firefox")
+    assert got is None and note is not None and "Chromium rigs only" in note
+    got, note = custom_image(browser, "browser", "chromium")
+    assert got is None and note is not None and "not boot custom browser images yet" in note
