@@ -136,14 +136,15 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(args: argparse.Namespace, name: str, data_dir: Path, *, warm: bool) -> Server:
+def start_server(args: argparse.Namespace, name: str, data_dir: Path, *, warm: bool,
+                 extra: list[str] | None = None) -> Server:
     """``rigd serve`` on ``data_dir`` (log: ``bench-server.log``, appended), warm starts on or off.
 
     The server is this checkout's code run by this interpreter, so it is the
     rigd the bench imports (a worktree has no ``.venv`` of its own).
     """
     cmd = [sys.executable, "-m", "rigd.cli", "serve", "--data-dir", str(data_dir), "--port", "0",
-           "--accel", args.accel, "--qemu", args.qemu, "--log-level", "info"]
+           "--accel", args.accel, "--qemu", args.qemu, "--log-level", "info", *(extra or [])]
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, ENV_SWITCH: "1" if warm else "0",
            "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}

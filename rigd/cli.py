@@ -133,6 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upstream_netns=args.upstream_netns,
         upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
         insecure_registries=tuple(_registry_host(h) for h in args.insecure_registry),
+        registry_auth=Path(args.registry_auth) if args.registry_auth else None,
     )
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve, config)
@@ -510,6 +511,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--insecure-registry", action="append", default=[], metavar="HOST:PORT",
                     help="a registry reached over plain HTTP (a loopback test registry, say); "
                     "every other registry is HTTPS only (repeatable)")
+    sp.add_argument("--registry-auth", metavar="FILE",
+                    help="credentials for image pulls, in docker's config.json format "
+                    '({"auths": {"ghcr.io": {"auth": "<base64 user:token>"}}}), mode 0600; '
+                    "default <data-dir>/registry-auth.json when it exists")
     sp.set_defaults(fn=cmd_serve)
 
     sp = sub.add_parser("open", help="open a rig")

@@ -31,6 +31,10 @@ SUBSCRIBER_BUFFER = 1000
 APPROVAL_REQUESTED = "ApprovalRequested"
 #: It was answered, timed out, or its call went away: ``approvalId``, ``decision``, ``decidedBy``.
 APPROVAL_DECIDED = "ApprovalDecided"
+#: A registry pull's progress (at most one a second) and its end, to the workspace named
+#: by ``image.pull`` (rigd.server.pulls).
+IMAGE_PULL_PROGRESS = "ImagePullProgress"
+IMAGE_PULL_ENDED = "ImagePullEnded"
 
 
 class EventBus:

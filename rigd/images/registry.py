@@ -218,6 +218,66 @@ class Credentials:
         return "Basic " + base64.b64encode(raw).decode()
 
 
+#: Where ``rigd serve`` looks for registry credentials when not told (``--registry-auth``).
+AUTH_FILE = "registry-auth.json"
+_HUB_KEYS = ("index.docker.io", "registry-1.docker.io", "registry.hub.docker.com")
+
+
+def _auth_host(key: str) -> str:
+    """A credentials file's registry key as a registry host: docker's config.json writes
+    ``https://index.docker.io/v1/`` for Docker Hub and may put a scheme before any host."""
+    host = key.strip()
+    for scheme in ("https://", "http://"):
+        host = host.removeprefix(scheme)
+    host = host.split("/", 1)[0].lower()
+    return DOCKER_HUB if host in _HUB_KEYS else host
+
+
+def parse_registry_auth(text: str, where: str = AUTH_FILE) -> dict[str, Credentials]:
+    """The credentials of a docker-style ``config.json`` (``{"auths": {host: {"auth":
+    base64("user:password")}}}``, or ``username``/``password`` fields instead of ``auth``).
+    Errors name the entry, never a secret."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FieldError(where, f"is not JSON ({exc.msg} at line {exc.lineno})") from None
+    auths = doc.get("auths") if isinstance(doc, dict) else None
+    if not isinstance(auths, dict):
+        raise FieldError(where, 'must be an object with "auths": {"registry.example": {"auth": "…"}}')
+    out: dict[str, Credentials] = {}
+    for key, entry in auths.items():
+        host = _auth_host(str(key))
+        name = f"{where}: auths[{str(key)[:80]!r}]"
+        if not _DOMAIN_RE.match(host):
+            raise FieldError(name, "is not a registry host[:port]")
+        if not isinstance(entry, dict):
+            raise FieldError(name, 'must be an object with "auth" or "username" and "password"')
+        user, password = entry.get("username"), entry.get("password")
+        if "auth" in entry:
+            try:
+                raw = base64.b64decode(str(entry["auth"]), validate=True).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                raise FieldError(name, '"auth" is not base64 of "user:password"') from None
+            user, sep, password = raw.partition(":")
+            if not sep:
+                raise FieldError(name, '"auth" is not base64 of "user:password"')
+        if not isinstance(user, str) or not user or not isinstance(password, str):
+            raise FieldError(name, 'needs "auth", or "username" and "password"')
+        out[host] = Credentials(user, password)
+    return out
+
+
+def load_registry_auth(path: Path) -> dict[str, Credentials]:
+    """:func:`parse_registry_auth` of a file only its owner can read (like ssh's keys)."""
+    try:
+        mode = path.stat().st_mode
+        if mode & 0o077:
+            raise FieldError(str(path), f"is readable by others (mode {mode & 0o777:o}); chmod 600 it")
+        return parse_registry_auth(path.read_text(encoding="utf-8"), str(path))
+    except OSError as exc:
+        raise FieldError(str(path), f"cannot be read: {exc.strerror}") from None
+
+
 @dataclass(slots=True)
 class Progress:
     """What a pull has done so far (for the CLI and the page)."""

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from rigd.backends.smolvm import prepare_terminals, terminal_backend
 from rigd.backends.warm import SnapshotService
 from rigd.browser.profiles import ProfileStore
 from rigd.errors import RigdError
+from rigd.events import EventBus
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.browser import BrowserAssets, build_browser, ensure_browser_pack, find_browser
 from rigd.images.browser import Engine as ImageEngine
@@ -47,7 +48,7 @@ from rigd.images.cache import sha256_file
 from rigd.images.desktop import find_desktop
 from rigd.images.importer import BootChoice, ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
-from rigd.images.registry import RegistryClient, parse_reference
+from rigd.images.registry import AUTH_FILE, Credentials, RegistryClient, load_registry_auth, parse_reference
 from rigd.mcp import AsyncRpc, HttpEndpoint, dispatched
 from rigd.model import LIMITS, Accel, Surface
 from rigd.rigs import Caller, RigManager
@@ -83,6 +84,11 @@ class ServeConfig:
     upstream_ca: Path | None = None
     #: Registries reached over plain HTTP (``host:port``); every other one over HTTPS only.
     insecure_registries: tuple[str, ...] = ()
+    #: Credentials for the server's pulls (docker's config.json format); None:
+    #: ``<dataDir>/registry-auth.json`` when it exists.
+    registry_auth: Path | None = None
+    #: The credentials read from it (by :func:`serve`, before anything starts).
+    credentials: Mapping[str, Credentials] = dataclasses.field(default_factory=dict)
 
 
 def default_data_dir() -> Path:
@@ -373,6 +379,13 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o711)  # noqa: S103 - rig uids traverse, never list
     check_reachable(data_dir)
+    # Before anything is started: a bad credentials file stops the server with its reason.
+    auth_file = config.registry_auth or data_dir / AUTH_FILE
+    credentials: dict[str, Credentials] = {}
+    if config.registry_auth is not None or auth_file.exists():
+        credentials = await trio.to_thread.run_sync(load_registry_auth, auth_file)
+        log.info("registry credentials", extra={"file": str(auth_file), "registries": sorted(credentials)})
+    config = dataclasses.replace(config, credentials=credentials)
     stores = Stores(data_dir)
     try:
         await _serve(config, data_dir, stores, task_status)
@@ -404,7 +417,9 @@ async def _serve(
     layout = Layout(data_dir)
     uids = UidPool()
     snapshots = SnapshotService(qemu_config, layout, uids)
-    pulls = PullJobs(data_dir, RegistryClient(insecure=config.insecure_registries))
+    events = EventBus(stores)
+    pulls = PullJobs(data_dir, RegistryClient(insecure=config.insecure_registries,
+                                              credentials=config.credentials), events)
     backend = terminal_backend(qemu_config, assets, make_pack, layout=layout, uids=uids,
                                snapshots=snapshots,
                                custom=functools.partial(custom_pack, data_dir, pulls))
@@ -414,7 +429,7 @@ async def _serve(
                               layout=layout, uids=uids, snapshots=snapshots, profiles=ProfileStore(data_dir))
     rigs = RigManager(
         stores, {Surface.TERMINAL: backend, Surface.BROWSER: browser, Surface.COMPUTER: desktop},
-        accel=accel, accel_problem=problem,
+        accel=accel, accel_problem=problem, events=events,
         recover=layout.recover,
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
         network=network.mode if network is not None else None,

@@ -318,8 +318,15 @@ def build_methods(
     async def image_pull(caller: Caller, raw: object) -> dict[str, Any]:
         """Start pulling a registry image in the background; answers at once with the job."""
         params = obj(raw)
-        no_extra(params, {"ref"})
-        return _pulls().start(parse_reference(params.get("ref"), "ref")).to_json()
+        no_extra(params, {"ref", "workspace"})
+        ref = parse_reference(params.get("ref"), "ref")
+        pulls = _pulls()
+        announce = None
+        if pulls.events is not None:
+            # Progress goes to a workspace's events: the one named, else the caller's default.
+            wanted = string(params, "workspace", max_len=128) if "workspace" in params else "default"
+            announce = await rigs.workspace_for(caller, wanted)
+        return pulls.start(ref, announce=announce).to_json()
 
     def _pull_id(raw: object) -> str:
         params = obj(raw)

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from rigd.errors import Conflict, RigdError
+from rigd.events import IMAGE_PULL_ENDED, IMAGE_PULL_PROGRESS, EventBus
 from rigd.images.registry import BlobStore, Progress, Pulled, Reference, RegistryClient
 from rigd.server.imports import RATE_WINDOW_S, JobState, JobTable, rate_and_eta
 from rigd.store.util import iso, new_id
@@ -34,6 +35,8 @@ log = logging.getLogger("rigd.images")
 
 #: Pulls that may run at once (each holds up to three blob fetches).
 MAX_RUNNING = 2
+#: The least time between two progress events of one pull.
+EVENT_INTERVAL_S = 1.0
 
 
 def store_dir(data_dir: Path) -> Path:
@@ -59,12 +62,16 @@ class PullJob:
     finished_at: str | None = None
     #: Told every progress report (a rig waiting for its image says how far the pull is).
     watchers: list[Callable[[Progress], None]] = field(default_factory=list)
+    #: The workspaces told of this pull by events (``image.pull {workspace}``).
+    announce: set[str] = field(default_factory=set)
+    changed: trio.Event = field(default_factory=trio.Event)
     _t0: float = field(default_factory=time.monotonic)
     _samples: deque[tuple[float, int]] = field(default_factory=deque)
 
     def progress(self, p: Progress) -> None:
         for watch in list(self.watchers):
             watch(p)
+        self.changed.set()
         now = time.monotonic()
         self.phase, self.done, self.reused = p.phase, p.done_bytes, p.reused_bytes
         self.total = p.total_bytes or None
@@ -112,12 +119,50 @@ class PullJobs(JobTable[PullJob]):
     what = "pull"
     id_field = "pullId"
 
-    def __init__(self, data_dir: Path, client: RegistryClient) -> None:
+    def __init__(self, data_dir: Path, client: RegistryClient, events: EventBus | None = None) -> None:
         super().__init__()
         self.client = client
         self.store = BlobStore(store_dir(data_dir))
+        self.events = events
 
-    def start(self, ref: Reference) -> PullJob:
+    def start(self, ref: Reference, *, announce: str | None = None) -> PullJob:
+        """Start a pull; ``announce`` names a workspace told its progress by events (a pull
+        of the same reference already running is refused, naming it: watch that one)."""
+        job = self._start(ref)
+        if announce is not None:
+            job.announce.add(announce)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._announce, job)
+        return job
+
+    async def _announce(self, job: PullJob) -> None:
+        """``ImagePullProgress`` at most every :data:`EVENT_INTERVAL_S` while the job runs,
+        then ``ImagePullEnded``; an event that cannot be written is logged, never the pull's end."""
+        assert self.events is not None
+        try:
+            while job.state is JobState.RUNNING:
+                with trio.move_on_after(EVENT_INTERVAL_S * 4):  # quiet pulls still say they run
+                    await job.changed.wait()
+                job.changed = trio.Event()
+                if job.state is not JobState.RUNNING:
+                    break
+                shown = job.to_json()
+                for ws in sorted(job.announce):
+                    await self.events.publish(ws, "", IMAGE_PULL_PROGRESS, **{
+                        k: shown[k] for k in ("pullId", "reference", "phase", "bytes", "totalBytes",
+                                              "reusedBytes", "rateBps", "etaS")})
+                with trio.move_on_after(EVENT_INTERVAL_S):
+                    await job.ended.wait()
+            await job.ended.wait()
+            shown = job.to_json()
+            for ws in sorted(job.announce):
+                await self.events.publish(ws, "", IMAGE_PULL_ENDED, **{
+                    k: shown[k] for k in ("pullId", "reference", "state", "bytes", "error")},
+                    digest=job.pulled.digest if job.pulled is not None else None)
+        except Exception:
+            log.exception("could not write a pull's events", extra={"pull": job.id})
+
+    def _start(self, ref: Reference) -> PullJob:
         if self._nursery is None:
             raise Conflict("image pulls are not running (the server is starting or stopping)")
         running = self.running()
@@ -137,7 +182,7 @@ class PullJobs(JobTable[PullJob]):
         image = await trio.to_thread.run_sync(self.store.find, str(ref))
         if image is not None and isinstance(image.get("digest"), str):
             return str(image["digest"])
-        job = next((j for j in self.running() if str(j.reference) == str(ref)), None) or self.start(ref)
+        job = next((j for j in self.running() if str(j.reference) == str(ref)), None) or self._start(ref)
 
         def watch(p: Progress) -> None:
             total = f" of {p.total_bytes / 1e6:.1f} MB" if p.total_bytes else ""

@@ -32,7 +32,7 @@ from rigd.images.registry import (
     RegistryError,
     parse_reference,
 )
-from tests.integration.conftest import REPO, make_data_dir, serving
+from tests.integration.conftest import REPO, make_data_dir, remove_tree, serving
 from tests.integration.local_registry import (
     PASSWORD,
     SKOPEO,
@@ -337,3 +337,32 @@ async def test_an_https_registry_is_verified_and_gets_the_credentials(layout: La
         stranger = RegistryClient(credentials={reg.host: Credentials(USER, PASSWORD)})
         with pytest.raises(RegistryError, match="TLS with"):
             await stranger.pull(ref, store_at(tmp_path / "b"))
+
+
+def test_the_server_pulls_with_the_credentials_file_it_was_given(layout: Layout, tmp_path: Path) -> None:
+    with running(tmp_path / "reg", "basic") as reg:
+        reg.push(layout.root, "app", "t/img")
+        auth = tmp_path / "auth.json"
+        auth.write_text(json.dumps({"auths": {reg.host: {"username": USER, "password": PASSWORD}}}))
+        auth.chmod(0o644)
+        # Readable by others: the server refuses to start, naming the file and the fix.
+        refused = make_data_dir()
+        try:
+            out = subprocess.run([sys.executable, "-m", "rigd.cli", "serve", "--data-dir", str(refused),
+                                  "--port", "0", "--accel", "tcg", "--registry-auth", str(auth)],
+                                 capture_output=True, text=True, timeout=120, cwd=REPO)
+        finally:
+            remove_tree(refused)
+        assert out.returncode == 2 and "chmod 600" in out.stderr and str(auth) in out.stderr, out.stderr
+        auth.chmod(0o600)
+        with serving(make_data_dir(), "--no-warm-starts", "--network", "none", "--insecure-registry", reg.host,
+                     "--registry-auth", str(auth)) as srv:
+            job = srv.call("image.pull", {"ref": f"{reg.host}/t/img:app"})
+            deadline = time.monotonic() + 60
+            while job["state"] == "running":
+                assert time.monotonic() < deadline, job
+                time.sleep(0.2)
+                job = srv.call("image.pullStatus", {"pullId": job["pullId"]})
+            assert job["state"] == "done", job
+            assert job["image"]["digest"] == skopeo_digest(reg.host, "t/img:app", creds=True)
+            assert PASSWORD not in srv.log()  # the secret never reaches the log

@@ -9,8 +9,10 @@ import pytest
 import trio
 
 from rigd.errors import Conflict, NotFound
+from rigd.events import EventBus
 from rigd.images.registry import BlobStore, Progress, Pulled, Reference, RegistryError, parse_reference
 from rigd.server.pulls import MAX_RUNNING, PullJobs
+from rigd.store.aio import Stores
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -101,3 +103,32 @@ def test_pulls_are_refused_before_the_jobs_run(tmp_path: Path) -> None:
     jobs = PullJobs(tmp_path, ScriptedClient())  # type: ignore[arg-type]
     with pytest.raises(Conflict, match="not running"):
         jobs.start(parse_reference("a.test/x:1"))
+
+
+async def test_a_pull_tells_its_workspace_by_events(tmp_path: Path) -> None:
+    stores = Stores(tmp_path)
+    try:
+        _admin, ws, _token = stores.server.bootstrap()
+        events = EventBus(stores)
+        client = ScriptedClient()
+        client.hold = True
+        jobs = PullJobs(tmp_path, client, events)  # type: ignore[arg-type]
+        seen = events.subscribe(ws.id)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(jobs.run)
+            job = jobs.start(parse_reference("127.0.0.1:5000/t/img:v1"), announce=ws.id)
+            with trio.fail_after(10):
+                progress = await seen.receive()
+                client.release.set()
+                ended = await seen.receive()
+            nursery.cancel_scope.cancel()
+        assert progress["type"] == "ImagePullProgress" and progress["pullId"] == job.id
+        assert (progress["bytes"], progress["totalBytes"], progress["reference"]) == (
+            400, 1000, "127.0.0.1:5000/t/img:v1")
+        assert ended["type"] == "ImagePullEnded" and ended["state"] == "done" and ended["digest"] == DIGEST
+        # Kept with the workspace's events, as every event is.
+        db = await stores.workspace(ws.id)
+        kept = [e["type"] for e in db.events(limit=10)]
+        assert kept == ["ImagePullProgress", "ImagePullEnded"]
+    finally:
+        stores.close()

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import json
+from pathlib import Path
+
 import pytest
 
 from rigd.errors import FieldError
-from rigd.images.registry import Progress, Reference, Url, parse_challenge, parse_reference
+from rigd.images.registry import (
+    Credentials,
+    Progress,
+    Reference,
+    Url,
+    load_registry_auth,
+    parse_challenge,
+    parse_reference,
+    parse_registry_auth,
+)
 
 D = "sha256:" + "ab" * 32
 
@@ -90,3 +103,47 @@ def test_progress_states_rate_and_eta() -> None:
     out = p.to_json()
     assert out["totalBytes"] == 100 and out["doneBytes"] == 40 and out["etaSeconds"] is not None
     assert Progress("r").to_json()["etaSeconds"] is None
+
+
+# --- credentials for the server's pulls ---------------------------------------------------
+
+
+def test_a_docker_config_json_gives_credentials_per_registry_host() -> None:
+    text = json.dumps({"auths": {
+        "https://index.docker.io/v1/": {"auth": base64.b64encode(b"hubuser:hub:pass").decode()},
+        "ghcr.io": {"username": "me", "password": "ghp_secret"},
+        "127.0.0.1:5000": {"auth": base64.b64encode(b"u:p").decode(), "email": "x@y"},
+    }, "credsStore": "ignored"})
+    creds = parse_registry_auth(text)
+    assert creds["docker.io"] == Credentials("hubuser", "hub:pass")  # a password may hold ':'
+    assert creds["ghcr.io"] == Credentials("me", "ghp_secret")
+    assert creds["127.0.0.1:5000"] == Credentials("u", "p")
+    assert "ghp_secret" not in repr(creds)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("{", "is not JSON"),
+    ('{"auths": []}', '"auths"'),
+    ('{"auths": {"ghcr.io": "token"}}', "auths['ghcr.io']"),
+    ('{"auths": {"ghcr.io": {"auth": "!!!"}}}', "not base64"),
+    ('{"auths": {"ghcr.io": {"auth": "' + base64.b64encode(b"nocolon").decode() + '"}}}', "not base64"),
+    ('{"auths": {"ghcr.io": {"username": "me"}}}', 'needs "auth"'),
+    ('{"auths": {"bad host": {"username": "me", "password": "pw-secret"}}}', "not a registry host"),
+])
+def test_a_bad_credentials_file_names_the_entry_and_never_the_secret(text: str, says: str) -> None:
+    with pytest.raises(FieldError) as exc:
+        parse_registry_auth(text, "auth.json")
+    assert says in exc.value.message and "auth.json" in exc.value.message
+    assert "pw-secret" not in exc.value.message
+
+
+def test_a_credentials_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "registry-auth.json"
+    path.write_text('{"auths": {"ghcr.io": {"username": "me", "password": "pw"}}}')
+    path.chmod(0o644)
+    with pytest.raises(FieldError, match="chmod 600"):
+        load_registry_auth(path)
+    path.chmod(0o600)
+    assert load_registry_auth(path)["ghcr.io"].username == "me"
+    with pytest.raises(FieldError, match="cannot be read"):
+        load_registry_auth(tmp_path / "absent.json")
