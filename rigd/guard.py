@@ -117,7 +117,7 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting(EXEC_IMAGE, None, _image,
             "the registry image this workspace's terminal rigs boot (null: the built-in image)"),
     Setting(BROWSER_IMAGE, None, _image,
-            "the registry image of this workspace's Chromium rigs (null: the built-in image)"),
+            "the registry image this workspace's Chromium rigs boot (null: the built-in image)"),
 )}
 
 
@@ -163,7 +163,7 @@ def custom_image(settings: WorkspaceSettings, surface: str,
     """The registry reference a new rig of ``surface`` boots by the workspace's settings, and
     a note for the Rig when a setting is not used (the built-in image boots then): a stored
     value that is not a registry reference (checked again here, at boot), or a browser key
-    this server does not apply yet."""
+    that does not apply (Firefox and WebKit rigs boot their own images)."""
     key = EXEC_IMAGE if surface == "terminal" else BROWSER_IMAGE if surface == "browser" else None
     if key is None:
         return None, None
@@ -176,11 +176,8 @@ def custom_image(settings: WorkspaceSettings, surface: str,
         ref = str(parse_reference(value, key))
     except FieldError as exc:
         return None, f"{key}: {exc.reason}; the built-in image boots"
-    if key == BROWSER_IMAGE:
-        if engine not in (None, "chromium"):
-            return None, f"{key} ({ref}) applies to Chromium rigs only; this {engine} rig boots its own image"
-        return None, (f"{key} ({ref}) is set, but this rigd does not boot custom browser images yet; "
-                      "the built-in Chromium image boots")
+    if key == BROWSER_IMAGE and engine not in (None, "chromium"):
+        return None, f"{key} ({ref}) applies to Chromium rigs only; this {engine} rig boots its own image"
     return ref, None
 
 

@@ -42,7 +42,7 @@ from rigd.backends.lanes import DropTarget
 from rigd.backends.layout import Layout
 from rigd.backends.qemu import QemuConfig, timeouts_for
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
-from rigd.backends.smolvm import rig_argv
+from rigd.backends.smolvm import CustomPack, check_contract, rig_argv
 from rigd.backends.warm import SnapshotService
 from rigd.browser.cdp import open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
@@ -341,6 +341,9 @@ class BrowserDriver:
     #: A person's pointer and held keys (live-view input, replayed through CDP).
     _pointer: PointerState = field(default_factory=PointerState)
     _input_lock: trio.Lock = field(default_factory=trio.Lock)
+    #: A custom image (a workspace's ``rigs.smolvm.browserImage``) not yet checked against
+    #: the browser contract: checked before the engine starts.
+    contract: CustomPack | None = None
 
     @property
     def display(self) -> tuple[int, int] | None:
@@ -371,6 +374,9 @@ class BrowserDriver:
             raise BackendError(f"the {self.engine.value} engine is not started by rigd yet")
         with trio.move_on_after(max(left_s, 1.0)) as scope:
             t0 = trio.current_time()
+            if self.contract is not None:
+                progress("checking the image's browser contract")
+                await check_contract(self.machine, self.contract, BROWSER_CONTRACT, "browser", left_s)
             if not warm:
                 progress(f"starting {self.engine.value}")
                 launch = (firefox_launch_script() if self.firefox else webkit_launch_script()
@@ -766,6 +772,8 @@ class BrowserRecipe:
     surface: Surface = Surface.BROWSER
     backing_format: str = "raw"
     profiles: ProfileStore | None = None
+    #: A custom image's pack (its digest is ``assets.boot.image_digest``), or None: the built one.
+    custom: CustomPack | None = None
 
     @property
     def engine(self) -> Engine:
@@ -808,9 +816,10 @@ class BrowserRecipe:
         viewport = Display(*shown) if shown is not None else BOOT_VIEWPORT
         owned = machine.spec.profile
         drops = CHROMIUM_DROPS if self.engine is Engine.CHROMIUM else BROWSER_DROPS
+        unchecked = self.custom if self.custom is not None and not self.custom.contract.exists() else None
         return BrowserDriver(machine, self.engine, sandbox=self.sandbox, viewport=viewport, drop_target=drops,
                              profile=ProfileRef(*owned) if owned is not None else None,
-                             profiles=self.profiles)
+                             profiles=self.profiles, contract=unchecked)
 
 
 #: The image engine (Debian package) of each engine a caller names (``rigd.model.Engine``).
@@ -828,14 +837,24 @@ IMAGE_ENGINE_KEY: dict[Engine, str] = {v: k.value for k, v in IMAGE_ENGINE.items
 PreparePack = Callable[[Engine, Callable[[str], None]], tuple[BrowserAssets, Path]]
 
 
+#: Pull (if needed) and pack a custom Chromium image: its assets (the built boot assets
+#: with the image's layout and digest) and the pack's rootfs.
+CustomBrowserPacker = Callable[[str, Callable[[str], None]], Awaitable[tuple[BrowserAssets, Path]]]
+
+#: What RIGS.md §3 asks of a browser image, and what rigd's launch and relay scripts run.
+BROWSER_CONTRACT = ("bash", "socat", "/usr/bin/chromium", "setpriv", "setsid", "mktemp")
+
+
 class BrowserImages:
-    """The recipe source of browser rigs: each engine's image and pack, made once (under a lock each)."""
+    """The recipe source of browser rigs: each engine's image and pack, made once (under a lock
+    each); a custom Chromium image's pack through ``custom`` (the server's pulls)."""
 
     def __init__(self, config: QemuConfig, prepare: PreparePack,
-                 profiles: ProfileStore | None = None) -> None:
+                 profiles: ProfileStore | None = None, custom: CustomBrowserPacker | None = None) -> None:
         self.config = config
         self._prepare = prepare
         self.profiles = profiles
+        self._custom = custom
         self._locks: dict[Engine, trio.Lock] = {}
 
     async def recipe(self, spec: MachineSpec, progress: Callable[[str], None]) -> BrowserRecipe:
@@ -843,6 +862,13 @@ class BrowserImages:
             engine = IMAGE_ENGINE[ApiEngine(spec.engine or ApiEngine.CHROMIUM.value)]
         except ValueError:
             raise FieldError("engine", f"unknown engine {spec.engine!r}") from None
+        if spec.image is not None:
+            if engine is not Engine.CHROMIUM or self._custom is None:
+                raise BackendError(f"this server boots custom images for Chromium rigs only "
+                                   f"(asked for {spec.image} on {engine.value})")
+            assets, backing = await self._custom(spec.image, progress)
+            pack = CustomPack(spec.image, assets.boot.image_digest, backing)
+            return BrowserRecipe(self.config, assets, backing, profiles=self.profiles, custom=pack)
         async with self._locks.setdefault(engine, trio.Lock()):
             assets, backing = await trio.to_thread.run_sync(self._prepare, engine, progress)
         return BrowserRecipe(self.config, assets, backing, profiles=self.profiles)
@@ -850,12 +876,14 @@ class BrowserImages:
 
 def browser_backend(config: QemuConfig, prepare: PreparePack, *, layout: Layout | None = None,
                     uids: UidPool | None = None, snapshots: SnapshotService | None = None,
-                    profiles: ProfileStore | None = None) -> QemuBackend:
-    return QemuBackend(Backend.SMOLVM, config, BrowserImages(config, prepare, profiles),
+                    profiles: ProfileStore | None = None,
+                    custom: CustomBrowserPacker | None = None) -> QemuBackend:
+    return QemuBackend(Backend.SMOLVM, config, BrowserImages(config, prepare, profiles, custom),
                        layout=layout, uids=uids, snapshots=snapshots)
 
 
 __all__ = [
+    "BROWSER_CONTRACT",
     "GUEST_DEVTOOLS_PORT",
     "IMAGE_ENGINE",
     "BrowserDriver",

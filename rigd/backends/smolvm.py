@@ -154,35 +154,63 @@ class CustomPack:
 
 #: What RIGS.md §3 asks of a terminal image.
 CONTRACT = ("bash", "git", "curl", "socat")
-#: The check, run by the tools disk's busybox (the image may have no shell at all).
-CONTRACT_SCRIPT = (
-    "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; "
-    f"for p in {' '.join(CONTRACT)}; do command -v \"$p\" >/dev/null 2>&1 || echo \"missing $p\"; done; "
-    "command -v apt-get >/dev/null 2>&1 && echo apt; "
-    "[ -r /etc/os-release ] && . /etc/os-release && echo \"os $PRETTY_NAME\"; true"
-)
 BUSYBOX = "/.rigd/bin/busybox"
 
 
-def contract_problem(reference: str, report: str) -> str | None:
-    """What the check's output says is missing (None: the image is a terminal image)."""
+def contract_script(needs: Sequence[str]) -> str:
+    """The check, run by the tools disk's busybox (the image may have no shell at all): a
+    name is a program on the image's PATH, a path (``/usr/bin/chromium``) an executable file."""
+    tests = []
+    for need in needs:
+        test = f"[ -x {need} ]" if need.startswith("/") else f"command -v {need} >/dev/null 2>&1"
+        tests.append(f"{test} || echo 'missing {need}'")
+    return "; ".join([
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *tests,
+        "command -v apt-get >/dev/null 2>&1 && echo apt",
+        "[ -r /etc/os-release ] && . /etc/os-release && echo \"os $PRETTY_NAME\"", "true"])
+
+
+CONTRACT_SCRIPT = contract_script(CONTRACT)
+
+
+def contract_problem(reference: str, report: str, needs: Sequence[str] = CONTRACT,
+                     kind: str = "terminal") -> str | None:
+    """What the check's output says is missing (None: the image keeps the contract)."""
     lines = report.splitlines()
     missing = [line.removeprefix("missing ") for line in lines if line.startswith("missing ")]
     if not missing:
         return None
     os_name = next((line.removeprefix("os ") for line in lines if line.startswith("os ")), "")
     where = f" ({os_name})" if os_name else ""
-    text = (f"the image {reference}{where} is not a terminal image: it lacks "
-            f"{', '.join(missing)} (RIGS.md §3 asks for {', '.join(CONTRACT)})")
+    text = (f"the image {reference}{where} is not a {kind} image: it lacks "
+            f"{', '.join(missing)} (RIGS.md §3 asks for {', '.join(needs)})")
     if "apt" in lines:
-        text += ("; it has apt-get, but installing the toolkit into a custom image at its first "
-                 "start is not built yet: install those packages in the image itself")
+        text += ("; it has apt-get, but installing packages into a custom image at its first "
+                 "start is not built yet: install them in the image itself")
     return text
+
+
+async def check_contract(machine: QemuMachine, pack: CustomPack, needs: Sequence[str], kind: str,
+                         left_s: float) -> None:
+    """Run the contract check in the guest once per pack: a failure fails the rig naming what
+    is missing; a pass is recorded beside the pack, so later rigs skip it."""
+    if pack.contract.exists():
+        return
+    res = await machine.exec([BUSYBOX, "sh", "-c", contract_script(needs)], cwd="/", env=None,
+                             stdin=None, timeout_s=max(5.0, min(left_s, 60.0)), max_output=16_384)
+    if res.exit_code != 0:
+        raise BackendError(f"the {kind} contract check of {pack.reference} could not run "
+                           f"(exit {res.exit_code}): {res.stderr.decode('utf-8', 'replace')[-300:]}")
+    problem = contract_problem(pack.reference, res.stdout.decode("utf-8", "replace"), needs, kind)
+    if problem is not None:
+        raise BackendError(problem, image=pack.digest)
+    doc = {"reference": pack.reference, "digest": pack.digest, "passed": list(needs)}
+    await trio.to_thread.run_sync(_write_contract, pack.contract, doc)
 
 
 class ContractCheck(NoScreen):
     """A terminal whose custom image has not yet passed the contract check: the check is
-    its readiness; the first pass is recorded beside the pack, so later rigs skip it."""
+    its readiness."""
 
     def __init__(self, surface: Surface, machine: QemuMachine, pack: CustomPack) -> None:
         super().__init__(surface)
@@ -191,18 +219,7 @@ class ContractCheck(NoScreen):
 
     async def ready(self, progress: Callable[[str], None], *, warm: bool, left_s: float) -> None:
         progress("checking the image's terminal contract")
-        res = await self.machine.exec([BUSYBOX, "sh", "-c", CONTRACT_SCRIPT], cwd="/", env=None,
-                                      stdin=None, timeout_s=max(5.0, min(left_s, 60.0)),
-                                      max_output=16_384)
-        report = res.stdout.decode("utf-8", "replace")
-        if res.exit_code != 0:
-            raise BackendError(f"the terminal contract check of {self.pack.reference} could not run "
-                               f"(exit {res.exit_code}): {res.stderr.decode('utf-8', 'replace')[-300:]}")
-        problem = contract_problem(self.pack.reference, report)
-        if problem is not None:
-            raise BackendError(problem, image=self.pack.digest)
-        doc = {"reference": self.pack.reference, "digest": self.pack.digest, "passed": list(CONTRACT)}
-        await trio.to_thread.run_sync(_write_contract, self.pack.contract, doc)
+        await check_contract(self.machine, self.pack, CONTRACT, "terminal", left_s)
 
 
 def _write_contract(path: Path, doc: dict[str, Any]) -> None:
@@ -261,6 +278,18 @@ async def prepare_terminals(backend: QemuBackend, memory_mb: int, vcpus: int,
     await backend.snapshots.ensure(recipe, spec)
 
 
-__all__ = ["CONTRACT", "ContractCheck", "CustomPack", "CustomPacker", "NetworkConfig", "QemuConfig",
-           "TerminalImages", "TerminalRecipe", "prepare_terminals",
-           "rig_argv", "terminal_backend"]
+__all__ = [
+    "CONTRACT",
+    "ContractCheck",
+    "CustomPack",
+    "CustomPacker",
+    "NetworkConfig",
+    "QemuConfig",
+    "TerminalImages",
+    "TerminalRecipe",
+    "check_contract",
+    "contract_script",
+    "prepare_terminals",
+    "rig_argv",
+    "terminal_backend",
+]

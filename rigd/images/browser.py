@@ -32,7 +32,7 @@ from rigd.images.assets import TerminalAssets
 from rigd.images.cache import Log, default_cache_dir
 from rigd.images.initramfs import build_initramfs, initramfs_key
 from rigd.images.kernel import KernelAsset, build_kernel, kernel_key
-from rigd.images.pack import ensure_pack, pack_dir
+from rigd.images.pack import ensure_pack, pack_dir, run_as_root
 from rigd.images.recipes import Recipes
 from rigd.images.terminal import OciImage, build_image, find_image, load_recipe_file, read_packages
 from rigd.images.tools import build_tools, tools_key
@@ -153,5 +153,69 @@ def ensure_browser_pack(assets: BrowserAssets, data_dir: Path,
     return ensure_pack(assets.boot, data_dir, progress, revision=assets.revision, kind=PACKS)
 
 
-__all__ = ["DEFAULT_ENGINE", "BrowserAssets", "Engine", "browser_image", "browser_pack_dir",
-           "build_browser", "ensure_browser_pack", "find_browser", "parse_engine"]
+#: The pack revision of a custom Chromium image (a workspace's ``rigs.smolvm.browserImage``):
+#: the image's own files plus rigd's browser user (:func:`add_browser_user`).
+CUSTOM_REVISION = "custom-v1-chromium"
+BROWSER_UID = 1000
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def add_browser_user(tree: Path, state: Path) -> None:
+    """Give a custom image's tree the unprivileged user the browser runs as (``browser``,
+    uid/gid 1000, no password, no login shell, home ``/home/browser``), as
+    ``images/browser/customize.sh`` does for the built images. An image that has it keeps
+    it; one whose uid 1000 is someone else's is refused, naming them."""
+    etc = tree / "etc"
+    if etc.is_symlink() or not etc.is_dir():
+        raise RigdError("the image has no /etc directory (or it is a symlink): not a Debian/Ubuntu base")
+    passwd, group, shadow = etc / "passwd", etc / "group", etc / "shadow"
+    for path in (passwd, group, shadow):
+        if path.is_symlink():
+            raise RigdError(f"the image's /etc/{path.name} is a symlink; refusing to edit it")
+    users = [line.split(":") for line in _lines(passwd) if line.count(":") >= 6]
+    mine = next((u for u in users if u[0] == "browser"), None)
+    if mine is not None:
+        if mine[2] != str(BROWSER_UID):
+            raise RigdError(f"the image's user browser has uid {mine[2]}; rigd runs the browser as uid "
+                            f"{BROWSER_UID}")
+        return
+    taken = next((u[0] for u in users if u[2] == str(BROWSER_UID)), None)
+    if taken is not None:
+        raise RigdError(f"uid {BROWSER_UID} is {taken!r} in the image; rigd runs the browser as the user "
+                        f"browser with uid {BROWSER_UID}: rename that user or free the uid")
+    home = "/home/browser"
+    with passwd.open("a", encoding="utf-8") as f:
+        f.write(f"browser:x:{BROWSER_UID}:{BROWSER_UID}:rigd browser:{home}:/usr/sbin/nologin\n")
+    if not any(line.split(":")[0] == "browser" for line in _lines(group)):
+        with group.open("a", encoding="utf-8") as f:
+            f.write(f"browser:x:{BROWSER_UID}:\n")
+    if shadow.exists():
+        with shadow.open("a", encoding="utf-8") as f:
+            f.write("browser:!:19000:0:99999:7:::\n")
+    target = tree / "home" / "browser"
+    if (tree / "home").is_symlink():
+        raise RigdError("the image's /home is a symlink; refusing to make the browser's home through it")
+    target.mkdir(parents=True, exist_ok=True)
+    run_as_root(state, ["chown", f"{BROWSER_UID}:{BROWSER_UID}", str(target)])
+    target.chmod(0o700)
+
+
+__all__ = [
+    "CUSTOM_REVISION",
+    "DEFAULT_ENGINE",
+    "BrowserAssets",
+    "Engine",
+    "add_browser_user",
+    "browser_image",
+    "browser_pack_dir",
+    "build_browser",
+    "ensure_browser_pack",
+    "find_browser",
+    "parse_engine",
+]

@@ -219,7 +219,20 @@ def unpack_layers(layout: Path, manifest: oci.Manifest, tree: Path, state: Path)
 # --- the pack ---------------------------------------------------------------
 
 
-def _build(layout: Path, digest: str, out: Path, progress: Progress, revision: str) -> None:
+#: Changes a pack's tree before it is imaged (the tree, the fakeroot state file).
+Finish = Callable[[Path, Path], None]
+
+
+def run_as_root(state: Path, argv: list[str]) -> None:
+    """``argv`` as root over a pack's tree: directly when root, else in its fakeroot session
+    (so owners it sets reach the image)."""
+    res = subprocess.run([*_fakeroot(state), *argv], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RigdError(f"{argv[0]} failed on the pack's tree: {res.stderr.strip()[-500:]}")
+
+
+def _build(layout: Path, digest: str, out: Path, progress: Progress, revision: str,
+           finish: Finish | None = None) -> None:
     t0 = time.monotonic()
     progress("verifying image")
     manifest = oci.load_manifest(layout, digest)
@@ -231,6 +244,8 @@ def _build(layout: Path, digest: str, out: Path, progress: Progress, revision: s
     tree.mkdir()
     state = out / ".fakeroot"
     unpack_layers(layout, manifest, tree, state)
+    if finish is not None:
+        finish(tree, state)
     progress("making root filesystem")
     used, inodes = tree_usage(tree)
     size = used + HEADROOM
@@ -268,12 +283,14 @@ def ensure_pack(
     digest: str | None = None,
     revision: str = REVISION,
     kind: str = "smolvm-packs",
+    finish: Finish | None = None,
 ) -> Path:
     """Return the path of the pack's ``rootfs.img``, building the pack if needed.
 
     ``image`` is either the built :class:`TerminalAssets` or an OCI layout
     directory, in which case ``digest`` (the manifest's ``sha256:…``) pins
-    which image in it to use. ``revision`` and ``kind`` place it (:func:`pack_dir`).
+    which image in it to use. ``revision`` and ``kind`` place it (:func:`pack_dir`);
+    ``finish`` may change the unpacked tree before it is imaged (the revision must say so).
     """
     if isinstance(image, TerminalAssets):
         layout, digest = image.oci_layout, digest or image.image_digest
@@ -282,9 +299,8 @@ def ensure_pack(
         if digest is None:
             raise RigdError("ensure_pack: a digest is required with an OCI layout path", field="digest")
     final = pack_dir(data_dir, digest, revision=revision, kind=kind)
-    d = cached_build(
-        final.parent, final.name, "pack", lambda out: _build(layout, digest, out, progress, revision), _noop
-    )
+    d = cached_build(final.parent, final.name, "pack",
+                     lambda out: _build(layout, digest, out, progress, revision, finish), _noop)
     rootfs = d / "rootfs.img"
     if not rootfs.is_file() or not (d / "pack.json").is_file():
         raise RigdError(f"pack {d} is incomplete; delete it to rebuild", path=str(d))

@@ -42,7 +42,15 @@ from rigd.browser.profiles import ProfileStore
 from rigd.errors import RigdError
 from rigd.events import EventBus
 from rigd.images import TerminalAssets, find_assets
-from rigd.images.browser import BrowserAssets, build_browser, ensure_browser_pack, find_browser
+from rigd.images.browser import (
+    CUSTOM_REVISION,
+    BrowserAssets,
+    add_browser_user,
+    build_browser,
+    ensure_browser_pack,
+    find_browser,
+)
+from rigd.images.browser import PACKS as BROWSER_PACKS
 from rigd.images.browser import Engine as ImageEngine
 from rigd.images.cache import sha256_file
 from rigd.images.desktop import find_desktop
@@ -132,6 +140,22 @@ async def custom_pack(data_dir: Path, pulls: PullJobs, reference: str,
     rootfs = await trio.to_thread.run_sync(
         lambda: share_pack(ensure_pack(pulls.store.root, data_dir, progress, digest=digest)))
     return digest, rootfs
+
+
+async def custom_browser_pack(data_dir: Path, boot: TerminalAssets, pulls: PullJobs, reference: str,
+                              progress: Callable[[str], None]) -> tuple[BrowserAssets, Path]:
+    """A workspace's custom Chromium image (``rigs.smolvm.browserImage``): pulled on the host if
+    absent, unpacked once into a browser pack with rigd's ``browser`` user added
+    (:func:`add_browser_user`), booted with the server's kernel, initramfs and tools disk."""
+    ref = parse_reference(reference, "rigs.smolvm.browserImage")
+    digest = await pulls.ensure(ref, progress)
+    rootfs = await trio.to_thread.run_sync(lambda: share_pack(ensure_pack(
+        pulls.store.root, data_dir, progress, digest=digest, revision=CUSTOM_REVISION, kind=BROWSER_PACKS,
+        finish=add_browser_user)))
+    assets = BrowserAssets(ImageEngine.CHROMIUM,
+                           dataclasses.replace(boot, oci_layout=pulls.store.root, image_digest=digest),
+                           CUSTOM_REVISION)
+    return assets, rootfs
 
 
 def browser_pack(data_dir: Path, cache_dir: Path | None, engine: ImageEngine,
@@ -426,7 +450,8 @@ async def _serve(
     desktop = desktop_backend(qemu_config, desktop_images(data_dir, config.cache_dir), layout=layout,
                               uids=uids, snapshots=snapshots)
     browser = browser_backend(qemu_config, functools.partial(browser_pack, data_dir, config.cache_dir),
-                              layout=layout, uids=uids, snapshots=snapshots, profiles=ProfileStore(data_dir))
+                              layout=layout, uids=uids, snapshots=snapshots, profiles=ProfileStore(data_dir),
+                              custom=functools.partial(custom_browser_pack, data_dir, assets, pulls))
     rigs = RigManager(
         stores, {Surface.TERMINAL: backend, Surface.BROWSER: browser, Surface.COMPUTER: desktop},
         accel=accel, accel_problem=problem, events=events,

@@ -7,15 +7,19 @@ is ignored visibly while the built-in image boots."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
+import tarfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rigd.images import find_assets
+from rigd.images.browser import Engine, build_browser
 from tests.integration.conftest import SHARED_PACKS, Server, exec_, make_data_dir, serving
 from tests.integration.local_registry import Entry, Layout, LocalRegistry, layer_tar, running
 
@@ -117,3 +121,81 @@ def test_a_workspace_boots_its_registry_image_and_bad_values_never_boot(
         assert any(KEY in n and "built-in image boots" in n for n in plain["notes"]), plain["notes"]
         built = exec_(srv, plain["id"], argv=["cat", "/etc/os-release"])
         assert built["exitCode"] == 0 and "Ubuntu" not in built["stdout"]["text"], built
+
+
+BROWSER_KEY = "rigs.smolvm.browserImage"
+
+
+def files_of(layout: Path, digest: str, names: set[str]) -> dict[str, bytes]:
+    """The newest content of ``names`` across an image's layers (no whiteouts in ours)."""
+    def blob(d: str) -> Path:
+        return layout / "blobs" / "sha256" / d.removeprefix("sha256:")
+
+    out: dict[str, bytes] = {}
+    for layer in json.loads(blob(digest).read_bytes())["layers"]:
+        with gzip.open(blob(layer["digest"])) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+            for member in tar:
+                name = member.name.removeprefix("./")
+                if name in names and member.isfile():
+                    got = tar.extractfile(member)
+                    assert got is not None
+                    out[name] = got.read()
+    return out
+
+
+@pytest.fixture(scope="module")
+def chromium_image(registry: tuple[LocalRegistry, dict[str, str]],
+                   tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The built Chromium image **without** rigd's browser user (its passwd, group and shadow
+    lines and its home removed) and with its own os-release: what an image from elsewhere
+    looks like to rigd. Pushed as team/chromium:1; (reference, digest)."""
+    reg, _ = registry
+    built = build_browser(Engine.CHROMIUM, log=lambda m: print(f"[images] {m}")).boot  # cached: a hash
+    etc = files_of(built.oci_layout, built.image_digest, {"etc/passwd", "etc/group", "etc/shadow"})
+    assert b"browser:" in etc["etc/passwd"]
+
+    def without_browser(text: bytes) -> bytes:
+        return b"".join(line for line in text.splitlines(keepends=True) if not line.startswith(b"browser:"))
+
+    layout = Layout(tmp_path_factory.mktemp("chromium-layout"))
+    desc = layout.extend(built.oci_layout, built.image_digest, [layer_tar([
+        Entry("etc", kind="dir"),
+        Entry("etc/os-release", b'PRETTY_NAME="Custom Chromium 1"\nID=custom\nID_LIKE=debian\n'),
+        Entry("etc/passwd", without_browser(etc["etc/passwd"])),
+        Entry("etc/group", without_browser(etc["etc/group"])),
+        Entry("etc/shadow", without_browser(etc["etc/shadow"]), mode=0o640),
+        Entry("home", kind="dir"), Entry("home/.wh.browser")])])
+    layout.tag(desc, "1")
+    reg.push(layout.root, "1", "team/chromium")
+    return f"{reg.host}/team/chromium:1", desc["digest"]
+
+
+def test_a_workspace_boots_its_registry_chromium_image(registry: tuple[LocalRegistry, dict[str, str]],
+                                                      chromium_image: tuple[str, str]) -> None:
+    reg, _ = registry
+    ref, digest = chromium_image
+    packs = SHARED_PACKS / "rigs" / "browser-packs" / f"{digest.removeprefix('sha256:')}-custom-v1-chromium"
+    (packs / "contract.json").unlink(missing_ok=True)
+    with serving(make_data_dir(), "--no-warm-starts", "--network", "none",
+                 "--insecure-registry", reg.host) as srv:
+        ws = srv.call("workspace.create", {"name": "browsers"})["id"]
+        srv.call("workspace.settings.set", {"workspace": ws, "key": BROWSER_KEY, "value": ref})
+        opened = srv.call("rig.open", {"workspace": ws, "surface": "browser", "wait": False})
+        rig = settled(srv, opened["id"], 900)
+        assert rig["phase"] == "ready", rig
+        assert (rig["engine"], rig["imageRef"], rig["image"]) == ("chromium", ref, digest)
+
+        def sh(command: str) -> str:
+            out = srv.call("rig.act", {"rigId": rig["id"], "tool": "terminal_use",
+                                       "action": {"action": "exec", "command": command}})
+            assert out["exitCode"] == 0, out
+            return str(out["stdout"]["text"])
+
+        assert 'PRETTY_NAME="Custom Chromium 1"' in sh("cat /etc/os-release")
+        # rigd added its user to the pack (the image had none), and the engine runs as it.
+        assert sh("id -u browser; stat -c %u:%a /home/browser").split() == ["1000", "1000:700"]
+        assert sh("ps -o user= -p $(cat /run/rigd-browser.pid)").strip() == "browser"
+        dom = srv.call("rig.act", {"rigId": rig["id"], "tool": "browser_use",
+                                   "action": {"action": "extract", "kind": "dom"}})
+        assert "rigd browser rig" in dom["content"]["text"], dom
+        assert json.loads((packs / "contract.json").read_text())["digest"] == digest

@@ -4,6 +4,7 @@ image, the terminal contract read from the guest's answer, and pulls joined or s
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,19 @@ import pytest
 import trio
 
 from rigd.backends.base import ExecResult, MachineSpec
+from rigd.backends.browser import BROWSER_CONTRACT
 from rigd.backends.qemu import QemuConfig
 from rigd.backends.recipe import NoScreen
-from rigd.backends.smolvm import CONTRACT_SCRIPT, ContractCheck, TerminalImages, contract_problem
+from rigd.backends.smolvm import (
+    CONTRACT_SCRIPT,
+    ContractCheck,
+    TerminalImages,
+    contract_problem,
+    contract_script,
+)
 from rigd.errors import BackendError, RigdError
 from rigd.images import TerminalAssets
+from rigd.images.browser import add_browser_user
 from rigd.images.registry import RegistryError, parse_reference
 from rigd.model import Accel, Surface
 from rigd.server.pulls import PullJobs
@@ -160,3 +169,63 @@ async def test_ensure_pulls_once_then_finds_the_pinned_image(tmp_path: Path) -> 
         with pytest.raises(RigdError, match=re.escape("pulling 127.0.0.1:5000/team/other:1 failed: manifest unknown")):
             await jobs.ensure(other, lambda _s: None)
         nursery.cancel_scope.cancel()
+
+
+def _tree(tmp: Path, passwd: str, group: str = "root:x:0:\n") -> tuple[Path, Path]:
+    tree = tmp / "tree"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc" / "passwd").write_text(passwd)
+    (tree / "etc" / "group").write_text(group)
+    (tree / "etc" / "shadow").write_text("root:*:19000:0:99999:7:::\n")
+    return tree, tmp / "fakeroot.state"
+
+
+def test_a_custom_browser_image_gets_rigds_browser_user_once(tmp_path: Path) -> None:
+    tree, state = _tree(tmp_path, "root:x:0:0:root:/root:/bin/bash\n")
+    add_browser_user(tree, state)
+    passwd = (tree / "etc" / "passwd").read_text().splitlines()
+    assert passwd[-1] == "browser:x:1000:1000:rigd browser:/home/browser:/usr/sbin/nologin"
+    assert (tree / "etc" / "group").read_text().splitlines()[-1] == "browser:x:1000:"
+    assert (tree / "etc" / "shadow").read_text().splitlines()[-1].startswith("browser:!:")
+    home = tree / "home" / "browser"
+    assert home.is_dir() and home.stat().st_mode & 0o777 == 0o700
+    if os.geteuid() == 0:
+        assert (home.stat().st_uid, home.stat().st_gid) == (1000, 1000)
+    add_browser_user(tree, state)  # an image that has the user keeps it as it is
+    assert [u for u in (tree / "etc" / "passwd").read_text().splitlines() if u.startswith("browser:")] == [
+        passwd[-1]]
+
+
+@pytest.mark.parametrize(("passwd", "says"), [
+    ("root:x:0:0::/root:/bin/sh\nubuntu:x:1000:1000::/home/ubuntu:/bin/bash\n", "uid 1000 is 'ubuntu'"),
+    ("browser:x:1001:1001::/home/browser:/bin/sh\n", "has uid 1001"),
+])
+def test_a_custom_browser_image_whose_uid_1000_is_taken_is_refused(tmp_path: Path, passwd: str,
+                                                                    says: str) -> None:
+    tree, state = _tree(tmp_path, passwd)
+    with pytest.raises(RigdError, match=re.escape(says)):
+        add_browser_user(tree, state)
+    assert (tree / "etc" / "passwd").read_text() == passwd  # nothing written
+
+
+def test_a_custom_browser_image_never_edits_through_a_symlink(tmp_path: Path) -> None:
+    tree, state = _tree(tmp_path, "root:x:0:0::/root:/bin/sh\n")
+    outside = tmp_path / "outside-passwd"
+    outside.write_text("root:x:0:0::/root:/bin/sh\n")
+    (tree / "etc" / "passwd").unlink()
+    (tree / "etc" / "passwd").symlink_to(outside)
+    with pytest.raises(RigdError, match="symlink"):
+        add_browser_user(tree, state)
+    assert outside.read_text() == "root:x:0:0::/root:/bin/sh\n"
+    tree2, state2 = _tree(tmp_path / "b", "root:x:0:0::/root:/bin/sh\n")
+    (tree2 / "home").symlink_to(tmp_path)
+    with pytest.raises(RigdError, match="/home is a symlink"):
+        add_browser_user(tree2, state2)
+
+
+def test_the_browser_contract_checks_chromium_by_path_and_the_launch_tools() -> None:
+    script = contract_script(BROWSER_CONTRACT)
+    assert "[ -x /usr/bin/chromium ] || echo 'missing /usr/bin/chromium'" in script
+    assert "command -v setpriv >/dev/null 2>&1 || echo 'missing setpriv'" in script
+    text = contract_problem(REF, "missing /usr/bin/chromium\napt\n", BROWSER_CONTRACT, "browser")
+    assert text is not None and "not a browser image" in text and "lacks /usr/bin/chromium" in text

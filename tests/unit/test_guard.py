@@ -504,5 +504,5 @@ def test_custom_image_checks_again_at_boot_and_says_what_the_browser_key_does() 
     browser = settings(**{"rigs.smolvm.browserImage": ref})
     got, note = custom_image(browser, "browser", "firefox")
     assert got is None and note is not None and "Chromium rigs only" in note
-    got, note = custom_image(browser, "browser", "chromium")
-    assert got is None and note is not None and "not boot custom browser images yet" in note
+    assert custom_image(browser, "browser", "chromium") == (ref, None)
+    assert custom_image(browser, "terminal", None) == (None, None)  # each surface its own key
