@@ -9,6 +9,7 @@ background; later rigs are restored from it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -243,6 +244,13 @@ def test_a_snapshot_build_left_by_a_killed_server_is_killed_at_restart() -> None
         while not builders:
             assert time.monotonic() < deadline, "no snapshot build started"
             builders = qemu_pids_for(str(data_dir / "rigs" / "smolvm" / "snap_"))
+            if builders:
+                # Freeze the build so it cannot finish between here and the server's kill
+                # (a build takes ~3 s); one that ended before it was frozen does not count.
+                for pid in builders:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                builders = [pid for pid in builders if pid in qemu_pids_for(str(data_dir))]
             if not builders and snapshots(rootfs):
                 shutil.rmtree(rootfs.parent / "snapshots" / snapshots(rootfs)[0], ignore_errors=True)
                 extra = open_terminal(first)  # cold now: schedules a build
