@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -32,7 +33,7 @@ from rigd.images.registry import (
     RegistryError,
     parse_reference,
 )
-from tests.integration.conftest import REPO, make_data_dir, remove_tree, serving
+from tests.integration.conftest import REPO, Server, make_data_dir, remove_tree, serving
 from tests.integration.local_registry import (
     PASSWORD,
     SKOPEO,
@@ -280,6 +281,17 @@ async def test_layers_apply_whiteouts_and_absolute_paths_and_refuse_escapes(tmp_
 # --- through the server ----------------------------------------------------------------------
 
 
+def pull_through(srv: Server, ref: str, deadline_s: float = 60) -> dict[str, Any]:
+    """``image.pull`` on the server, then its job once it is no longer running."""
+    job = srv.call("image.pull", {"ref": ref})
+    deadline = time.monotonic() + deadline_s
+    while job["state"] == "running":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+        job = srv.call("image.pullStatus", {"pullId": job["pullId"]})
+    return dict(job)
+
+
 def test_the_server_pulls_lists_and_removes_through_the_rpc_and_the_cli(plain: str, tmp_path: Path) -> None:
     with serving(make_data_dir(), "--no-warm-starts", "--network", "none", "--insecure-registry", plain) as srv:
         env = {**os.environ, "PYTHONPATH": str(REPO), "RIGD_URL": srv.url, "RIGD_TOKEN": srv.token}
@@ -289,12 +301,7 @@ def test_the_server_pulls_lists_and_removes_through_the_rpc_and_the_cli(plain: s
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.startswith(f"{plain}/t/img:app@sha256:"), out.stdout
         # A second image sharing the base fetches only its own blobs; the job says so.
-        job = srv.call("image.pull", {"ref": f"{plain}/t/img:other"})
-        deadline = time.monotonic() + 60
-        while job["state"] == "running":
-            assert time.monotonic() < deadline, job
-            time.sleep(0.2)
-            job = srv.call("image.pullStatus", {"pullId": job["pullId"]})
+        job = pull_through(srv, f"{plain}/t/img:other")
         assert job["state"] == "done" and job["image"]["reusedBytes"] > 0, job
         listed = srv.call("image.list", {"source": "registry"})
         assert {row["reference"] for row in listed} == {f"{plain}/t/img:app", f"{plain}/t/img:other"}
@@ -304,10 +311,7 @@ def test_the_server_pulls_lists_and_removes_through_the_rpc_and_the_cli(plain: s
             assert srv.error("image.pull", {"ref": bad})["data"]["field"] == "ref"
         assert srv.error("image.list", {"source": "disk"})["data"]["field"] == "source"
         assert srv.error("image.rm", {"ref": "nope:1"})["data"]["field"] == "ref"
-        failed = srv.call("image.pull", {"ref": "127.0.0.1:9/t/img:app"})  # refused: not insecure → TLS
-        while failed["state"] == "running":
-            time.sleep(0.2)
-            failed = srv.call("image.pullStatus", {"pullId": failed["pullId"]})
+        failed = pull_through(srv, "127.0.0.1:9/t/img:app")  # refused: not insecure → TLS
         assert failed["state"] == "failed" and "cannot reach" in failed["error"]["message"], failed
         # rm deletes what only that image used; the shared base stays for the other.
         removed = subprocess.run([*cli, "rm", f"{plain}/t/img:other"], capture_output=True, text=True,
@@ -357,12 +361,7 @@ def test_the_server_pulls_with_the_credentials_file_it_was_given(layout: Layout,
         auth.chmod(0o600)
         with serving(make_data_dir(), "--no-warm-starts", "--network", "none", "--insecure-registry", reg.host,
                      "--registry-auth", str(auth)) as srv:
-            job = srv.call("image.pull", {"ref": f"{reg.host}/t/img:app"})
-            deadline = time.monotonic() + 60
-            while job["state"] == "running":
-                assert time.monotonic() < deadline, job
-                time.sleep(0.2)
-                job = srv.call("image.pullStatus", {"pullId": job["pullId"]})
+            job = pull_through(srv, f"{reg.host}/t/img:app")
             assert job["state"] == "done", job
             assert job["image"]["digest"] == skopeo_digest(reg.host, "t/img:app", creds=True)
             assert PASSWORD not in srv.log()  # the secret never reaches the log
