@@ -115,6 +115,18 @@ def _registry_host(value: str) -> str:
     return value.lower()
 
 
+def _dev_port(text: str) -> int | None:
+    if text == "none":
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535) or none") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
+    return port
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -134,6 +146,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
         insecure_registries=tuple(_registry_host(h) for h in args.insecure_registry),
         registry_auth=Path(args.registry_auth) if args.registry_auth else None,
+        dev_http_port=args.dev_http_port, dev_https_port=args.dev_https_port,
+        allow_lan_ports=args.allow_lan_ports,
     )
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve, config)
@@ -477,6 +491,21 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_ca(args: argparse.Namespace) -> int:
+    from rigd.ports.tls import load_dev_ca, tls_dir
+
+    data_dir = Path(args.data_dir) if args.data_dir else _default_data_dir()
+    ca, reason = load_dev_ca(tls_dir(data_dir))
+    if ca is None:
+        raise ClientError(f"no dev CA: {reason}")
+    sys.stdout.write(ca.ca_pem)
+    sys.stdout.flush()
+    print(f"rigd: this CA signs only *.test and *.localhost (SHA256 {ca.fingerprint}); trust it on "
+          f"Debian/Ubuntu with `sudo cp {ca.ca_path} /usr/local/share/ca-certificates/rigd-dev.crt && "
+          f"sudo update-ca-certificates`, or for curl alone with `--cacert {ca.ca_path}`", file=sys.stderr)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigd", description="rigd: real machines for AI agents")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -515,6 +544,15 @@ def parser() -> argparse.ArgumentParser:
                     help="credentials for image pulls, in docker's config.json format "
                     '({"auths": {"ghcr.io": {"auth": "<base64 user:token>"}}}), mode 0600; '
                     "default <data-dir>/registry-auth.json when it exists")
+    sp.add_argument("--dev-http-port", type=_dev_port, default=0, metavar="P|none",
+                    help="where dev domains (name.test, name.localhost) answer HTTP on loopback "
+                    "(default 0: a free port; none: no dev domains)")
+    sp.add_argument("--dev-https-port", type=_dev_port, default=0, metavar="P|none",
+                    help="where dev domains answer HTTPS with the server's own CA (`rigd ca`; "
+                    "default 0: a free port; none: no HTTPS lane)")
+    sp.add_argument("--allow-lan-ports", action="store_true",
+                    help="let rig.port.share open a forwarded port on every interface although the "
+                    "server binds loopback only")
     sp.set_defaults(fn=cmd_serve)
 
     sp = sub.add_parser("open", help="open a rig")
@@ -635,6 +673,11 @@ def parser() -> argparse.ArgumentParser:
     client_opts(irm)
     irm.add_argument("ref", help="the reference it was pulled as, or its digest")
     irm.set_defaults(fn=cmd_images_rm)
+
+    sp = sub.add_parser("ca", help="print the dev-domain CA certificate (PEM) to trust for https://*.test "
+                                   "and *.localhost (made when absent; never the key)")
+    sp.add_argument("--data-dir", help="the server's data directory")
+    sp.set_defaults(fn=cmd_ca)
 
     sp = sub.add_parser("accel-probe", help="boot once to see whether an accelerator works")
     sp.add_argument("--accel", choices=[a.value for a in Accel])

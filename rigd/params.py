@@ -279,6 +279,63 @@ def parse_egress(raw: object) -> EgressParams:
     return EgressParams(rig_id, tuple(allow), boolean(params, "defaults", True))
 
 
+def port_number(params: dict[str, Any], name: str) -> int:
+    """A required TCP port, 1-65535 (a field error naming ``name`` otherwise)."""
+    if params.get(name) is None:
+        raise FieldError(name, "is required (a port number, 1-65535)")
+    return integer(params, name, 1, 65535, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PortShareParams:
+    """``rig.port.share {rigId, guestPort, lan}``."""
+
+    rig_id: str
+    guest_port: int
+    lan: bool
+
+
+def parse_port_share(raw: object) -> PortShareParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "guestPort", "lan"})
+    if not isinstance(params.get("lan"), bool):
+        raise FieldError("lan", "is required: true shares the port on the local network, false stops")
+    return PortShareParams(ident(params, "rigId"), port_number(params, "guestPort"),
+                           boolean(params, "lan", False))
+
+
+@dataclass(frozen=True, slots=True)
+class DomainParams:
+    """``rig.domain.set {rigId, name, guestPort}`` and ``rig.domain.unset {rigId, name}`` (port 0)."""
+
+    rig_id: str
+    name: str
+    guest_port: int
+
+
+def _dev_name(params: dict[str, Any]) -> str:
+    from rigd.ports.names import dev_name_problem
+
+    name = params.get("name")
+    problem = dev_name_problem(name)
+    if problem is not None:
+        raise FieldError("name", problem)
+    assert isinstance(name, str)
+    return name
+
+
+def parse_domain_set(raw: object) -> DomainParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "name", "guestPort"})
+    return DomainParams(ident(params, "rigId"), _dev_name(params), port_number(params, "guestPort"))
+
+
+def parse_domain_unset(raw: object) -> DomainParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "name"})
+    return DomainParams(ident(params, "rigId"), _dev_name(params), 0)
+
+
 @dataclass(frozen=True, slots=True)
 class ControlParams:
     rig_id: str

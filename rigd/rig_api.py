@@ -26,20 +26,25 @@ from rigd.params import (
     ActParams,
     ControlParams,
     ConversationParams,
+    DomainParams,
     EgressParams,
     EventsParams,
     ListParams,
     LogParams,
     OpenParams,
+    PortShareParams,
     RigRef,
     parse_act,
     parse_control,
     parse_conversation,
+    parse_domain_set,
+    parse_domain_unset,
     parse_egress,
     parse_events,
     parse_list,
     parse_log,
     parse_open,
+    parse_port_share,
     parse_rig_ref,
 )
 from rigd.render import iso_at
@@ -295,6 +300,56 @@ class RigApi:
             await self.rigs.park_rig(rig, "parked on request", forced=True)
         return self.rigs.rig_json(rig.row, rig)
 
+    # -- ports and dev domains (RIGS.md §8) -------------------------------------------------
+
+    async def _ports_rig(self, caller: Caller, rig_id: str, *, change: bool) -> LiveRig:
+        row, _db, rig = await self.rigs.visible(caller, rig_id)
+        if row.surface != Surface.TERMINAL.value:
+            raise Conflict(f"rig {rig_id} is a {row.surface} rig; only terminal rigs forward ports")
+        if rig is None or rig.machine is None or self.rigs.ports is None \
+                or rig.row.id not in self.rigs.ports.rigs:
+            raise Conflict(f"rig {rig_id} is {row.phase}; its ports exist only while it runs")
+        if change:
+            self.rigs.check_control(rig, caller)
+        return rig
+
+    async def ports(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
+        rig = await self._ports_rig(caller, ref.rig_id, change=False)
+        out = self.rigs.ports_json(rig.row.id)
+        assert out is not None
+        hub = self.rigs.ports
+        assert hub is not None
+        return {"rigId": rig.row.id, **out, "devHttpPort": hub.dev_http_port,
+                "devHttpsPort": hub.dev_https_port}
+
+    async def share_port(self, caller: Caller, params: PortShareParams) -> dict[str, Any]:
+        rig = await self._ports_rig(caller, params.rig_id, change=True)
+        hub = self.rigs.ports
+        assert hub is not None
+        hub.running(rig.row.id).share(params.guest_port, params.lan)
+        await self.rigs.audit_event(rig, caller, "port.share",
+                                    {"guestPort": params.guest_port, "lan": params.lan})
+        described = hub.describe(rig.row.id) or {"ports": []}
+        return next(p for p in described["ports"] if p["guestPort"] == params.guest_port)
+
+    async def set_domain(self, caller: Caller, params: DomainParams) -> dict[str, Any]:
+        rig = await self._ports_rig(caller, params.rig_id, change=True)
+        hub = self.rigs.ports
+        assert hub is not None
+        out = await hub.set_domain(rig.row.id, params.name, params.guest_port)
+        await self.rigs.audit_event(rig, caller, "domain.set",
+                                    {"name": params.name, "guestPort": params.guest_port})
+        return {"rigId": rig.row.id, **out}
+
+    async def unset_domain(self, caller: Caller, params: DomainParams) -> dict[str, Any]:
+        rig = await self._ports_rig(caller, params.rig_id, change=True)
+        hub = self.rigs.ports
+        assert hub is not None
+        if not hub.domains.unset(rig.row.id, params.name):
+            raise FieldError("name", f"{params.name} is not mapped in rig {rig.row.id}")
+        await self.rigs.audit_event(rig, caller, "domain.unset", {"name": params.name})
+        return {"rigId": rig.row.id, "name": params.name, "removed": True}
+
     # -- ending things --------------------------------------------------------------------
 
     async def end_conversation(self, caller: Caller, params: ConversationParams) -> dict[str, Any]:
@@ -358,5 +413,9 @@ RIG_METHODS: dict[str, tuple[Callable[[object], Any], str]] = {
     "rig.park": (parse_rig_ref, "park"),
     "rig.retry": (parse_rig_ref, "retry"),
     "rig.events": (parse_events, "events_since"),
+    "rig.ports": (parse_rig_ref, "ports"),
+    "rig.port.share": (parse_port_share, "share_port"),
+    "rig.domain.set": (parse_domain_set, "set_domain"),
+    "rig.domain.unset": (parse_domain_unset, "unset_domain"),
     "conversation.end": (parse_conversation, "end_conversation"),
 }

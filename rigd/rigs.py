@@ -23,6 +23,7 @@ parked under a running command.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -53,6 +54,8 @@ from rigd.model import (
     Surface,
 )
 from rigd.params import OpenParams
+from rigd.ports.hub import PortsHub
+from rigd.ports.mux import MuxError
 from rigd.protocols.input import Step
 from rigd.render import exec_json, rig_json
 from rigd.scheduler import Admit, Park, counted, plan_admission, plan_idle
@@ -107,6 +110,8 @@ class RigManager:
         self._recover = recover
         #: A workspace's settings (rigd.guard), for its custom images; None: built-in images only.
         self.settings_of: Callable[[str], Awaitable[WorkspaceSettings]] | None = None
+        #: Forwarded ports and dev domains (RIGS.md §8); None: the server forwards none.
+        self.ports: PortsHub | None = None
 
     # -- service lifetime -------------------------------------------------------
 
@@ -186,7 +191,10 @@ class RigManager:
     def rig_json(self, row: RigRow, live: LiveRig | None = None) -> dict[str, Any]:
         now = self.clock()
         pins = rig_state(live, now).pins(now) if live is not None else ()
-        return rig_json(row, live, now=now, network=self.network, pins=pins)
+        out = rig_json(row, live, now=now, network=self.network, pins=pins)
+        ports = self.ports_json(row.id) if live is not None and live.machine is not None else None
+        out["ports"] = ports["ports"] if ports is not None else []
+        return out
 
     async def wait_settled(self, caller: Caller, rig_id: str) -> None:
         """Wait until a rig that is coming up is ready (or failed)."""
@@ -333,8 +341,40 @@ class RigManager:
                                image=info.image, accel=info.accel.value)
             await self._transition(rig, Phase.READY, "ready")
             rig.settled.set()
-            reason = await machine.wait_failed()
+            channel = machine.port_channel()
+            if self.ports is None or channel is None:
+                reason = await machine.wait_failed()
+            else:
+                # The rig's ports live exactly as long as its machine (gone at once on close).
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(functools.partial(
+                        self.ports.serve_rig, rig.row.id, channel,
+                        functools.partial(self._run_in_guest, machine),
+                        awake=lambda: rig.phase is Phase.READY,
+                        on_connect=functools.partial(self._port_connection, rig)))
+                    reason = await machine.wait_failed()
+                    nursery.cancel_scope.cancel()
             await self._fail(rig, reason, machine.console_tail())
+
+    @staticmethod
+    async def _run_in_guest(machine: Machine, argv: tuple[str, ...]) -> None:
+        """Run one of rigd's own helpers in the guest (not an agent's action: not audited)."""
+        res = await machine.exec(argv, cwd=None, env=None, stdin=None, timeout_s=20, max_output=4096)
+        if res.exit_code != 0:
+            err = res.stderr.decode("utf-8", "replace").strip()[-300:]
+            raise MuxError(f"starting {argv[-1].split()[0]} in the guest failed "
+                           f"(exit {res.exit_code}): {err}")
+
+    async def _port_connection(self, rig: LiveRig) -> None:
+        """A connection through a rig's forward or dev domain: it is activity, and wakes a parked rig."""
+        self.note_activity(rig)
+        if rig.phase is Phase.PARKED:
+            async with rig.state_lock:
+                if rig.phase is Phase.PARKED:
+                    await self._wake(rig, "woken by a connection to a forwarded port")
+
+    def ports_json(self, rig_id: str) -> dict[str, Any] | None:
+        return self.ports.describe(rig_id) if self.ports is not None else None
 
     def _progress_for(self, rig: LiveRig) -> Callable[[str], None]:
         def apply(detail: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from rigd.frames import Still
@@ -179,6 +180,10 @@ class Machine(Protocol):
 
     def lanes(self) -> Lanes:
         """The clipboard and file lanes (RIGS.md §10) of this machine."""
+        ...
+
+    def port_channel(self) -> Path | None:
+        """The Unix socket of the guest's port multiplexer (terminal rigs, RIGS.md §8); None without one."""
         ...
 
 

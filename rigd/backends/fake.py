@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -40,6 +41,9 @@ class FakeMachine:
     fault_now: trio.Event = field(default_factory=trio.Event)
     #: The machine's lanes (made on first use; tests may replace them).
     fake_lanes: FakeLanes | None = None
+
+    def port_channel(self) -> Path | None:
+        return None
 
     def lanes(self) -> FakeLanes:
         if self.fake_lanes is None:

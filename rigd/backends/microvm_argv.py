@@ -42,6 +42,9 @@ SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=de
 
 #: Name of the virtio-serial port the guest agent opens (/dev/virtio-ports/rigd.agent).
 AGENT_PORT_NAME = "rigd.agent"
+#: A terminal rig's port multiplexer (guest-agent/rigd_mux.py, docs/ports.md) and its socket in the rig dir.
+PORTS_PORT_NAME = "rigd.ports"
+PORTS_SOCKET = "ports.sock"
 
 _ACCELS = ("kvm", "hvf", "tcg")
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")

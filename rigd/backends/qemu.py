@@ -45,7 +45,7 @@ from rigd.backends.evidence import evidence_dir, write_evidence
 from rigd.backends.gates import USER_SANDBOX, NetGate, NetworkConfig
 from rigd.backends.guest_client import GuestConnection, iterate
 from rigd.backends.lanes import DropReceiver, GuestLanes
-from rigd.backends.microvm_argv import SANDBOX
+from rigd.backends.microvm_argv import PORTS_SOCKET, SANDBOX
 from rigd.backends.procs import proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.recipe import BootRecipe, Driver, RigPaths
@@ -540,6 +540,11 @@ class QemuMachine:
         s = self.guest.stats
         return {"garbageEvents": s.garbage_events, "garbageBytes": s.garbage_bytes,
                 "orphanReplies": s.orphan_replies, "agentRestarts": max(0, s.ready_lines - 1)}
+
+    def port_channel(self) -> Path | None:
+        if self.recipe.surface is not Surface.TERMINAL:
+            return None
+        return self.rig_dir / PORTS_SOCKET
 
     def lanes(self) -> GuestLanes:
         feats = self.hello.get("features")

@@ -39,7 +39,7 @@ from rigd.backends.confine import UidPool
 from rigd.backends.gates import NetworkConfig, net_argv
 from rigd.backends.host import QemuBackend
 from rigd.backends.layout import Layout
-from rigd.backends.microvm_argv import microvm_argv
+from rigd.backends.microvm_argv import PORTS_PORT_NAME, PORTS_SOCKET, microvm_argv
 from rigd.backends.qemu import QemuConfig, timeouts_for
 from rigd.backends.recipe import PLACEHOLDER_PATHS, Driver, Identity, NoScreen, RigPaths
 from rigd.backends.warm import SnapshotService
@@ -87,6 +87,11 @@ def rig_argv(
     )
 
 
+def ports_channel(rig_dir: Path) -> list[tuple[str, Path]]:
+    """A terminal's port multiplexer channel (RIGS.md §8; guest-agent/rigd_mux.py)."""
+    return [(PORTS_PORT_NAME, rig_dir / PORTS_SOCKET)]
+
+
 @dataclass(frozen=True, slots=True)
 class TerminalRecipe:
     """Terminal machines booting one pack."""
@@ -111,7 +116,7 @@ class TerminalRecipe:
              tap_fd: int | str | None) -> list[str]:
         return rig_argv(self.config, self.assets, memory_mb=spec.memory_mb, vcpus=spec.vcpus,
                         rig_dir=at.rig_dir, overlay=at.overlay, mac=mac, incoming=incoming,
-                        tap_fd=tap_fd)
+                        tap_fd=tap_fd, extra_ports=ports_channel(at.rig_dir))
 
     def warm_eligible(self, spec: MachineSpec) -> bool:
         # A custom image's snapshot would be keyed by a pack an admin can replace at any
@@ -125,6 +130,7 @@ class TerminalRecipe:
             self.config, assets, memory_mb=spec.memory_mb, vcpus=spec.vcpus, rig_dir=at.rig_dir,
             overlay=at.overlay, mac=None if self.config.network is None else "02:00:00:00:00:00",
             kernel=Path("/@kernel"), initrd=Path("/@initrd"), tools=Path("/@tools"), tap_fd="@fd",
+            extra_ports=ports_channel(at.rig_dir),
         )
         return shape, {
             name: {"key": path.parent.name, "file": path.name, "size": path.stat().st_size}

@@ -68,6 +68,11 @@ class Recipes:
         return self.root / "guest-agent" / "rigd_agent.py"
 
     @property
+    def mux(self) -> Path:
+        """The guest's port multiplexer (``guest-agent/rigd_mux.py``), carried by the tools disk."""
+        return self.root / "guest-agent" / "rigd_mux.py"
+
+    @property
     def standin_agent(self) -> Path:
         """Used only while ``guest-agent/rigd_agent.py`` does not exist yet."""
         return self.tools_dir / "standin_agent.py"

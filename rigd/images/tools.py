@@ -7,6 +7,7 @@ guest)::
     bin/busybox                    static; stage-2 init and the fallback shell
     init                           stage-2 init (busybox sh script)
     agent/rigd_agent.py            the guest agent
+    agent/rigd_mux.py              the port multiplexer (terminal rigs; started by the host)
     lib/x86_64-linux-gnu/...       libc6, libgcc-s1 and the loader
     usr/bin/python3.11             Debian's interpreter
     usr/lib/python3.11/...         its stdlib, precompiled to .pyc
@@ -78,6 +79,7 @@ def tools_key(r: Recipes) -> str:
         r.sources,
         r.tools_dir / "init",
         agent,
+        r.mux,
         *builder_sources("tools", "debs", "ext4", "initramfs"),
     ]
     return recipe_key(files, root=r.root, extra=[f"agent-real={real}"])
@@ -159,6 +161,8 @@ def _build(r: Recipes, cache_dir: Path, out: Path, log: Log, epoch: int) -> None
     agent, real = r.agent_source()
     (tree / "agent").mkdir()
     shutil.copyfile(agent, tree / "agent" / "rigd_agent.py")
+    if r.mux.is_file():
+        shutil.copyfile(r.mux, tree / "agent" / "rigd_mux.py")
     if not real:
         log(f"tools: WARNING guest-agent/rigd_agent.py is missing; using the stand-in {agent}")
     version = {

@@ -8,14 +8,17 @@ known). Shutdown (SIGINT/SIGTERM): stop accepting, close every rig with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
+import ipaddress
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +62,8 @@ from rigd.images.pack import ensure_pack
 from rigd.images.registry import AUTH_FILE, Credentials, RegistryClient, load_registry_auth, parse_reference
 from rigd.mcp import AsyncRpc, HttpEndpoint, dispatched
 from rigd.model import LIMITS, Accel, Surface
+from rigd.ports.hub import PortsHub
+from rigd.ports.tls import load_dev_ca, tls_dir
 from rigd.rigs import Caller, RigManager
 from rigd.server.app import MAX_INBOUND, ServerContext
 from rigd.server.imports import ImportJobs
@@ -97,6 +102,12 @@ class ServeConfig:
     registry_auth: Path | None = None
     #: The credentials read from it (by :func:`serve`, before anything starts).
     credentials: Mapping[str, Credentials] = dataclasses.field(default_factory=dict)
+    #: Dev domains (RIGS.md §8): the HTTP and HTTPS ports on loopback (0 picks a free one;
+    #: None turns that lane off).
+    dev_http_port: int | None = 0
+    dev_https_port: int | None = 0
+    #: Whether ``rig.port.share {lan: true}`` may bind every interface while ``host`` is loopback.
+    allow_lan_ports: bool = False
 
 
 def default_data_dir() -> Path:
@@ -398,6 +409,44 @@ def http_config(host: str, port: int) -> HyperConfig:
     return hyper
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def lan_address(host: str) -> str:
+    """The address a LAN share's URL names: the server's own bind address when it is one, else the
+    first global IPv4 address of this host ("" when there is none)."""
+    if not is_loopback(host) and host not in ("0.0.0.0", "::", ""):  # noqa: S104 - a comparison
+        return host
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        # No packet is sent: connect() on UDP only picks the source address a route would use.
+        probe.connect(("192.0.2.1", 9))
+        addr = str(probe.getsockname()[0])
+        if not ipaddress.ip_address(addr).is_loopback:
+            return addr
+    return ""
+
+
+async def _ports_hub(config: ServeConfig, data_dir: Path) -> PortsHub:
+    """Forwards and dev domains: the dev CA is made now (a bad key file stops the server, naming it)."""
+    tls = None
+    problem: str | None = None
+    if config.dev_https_port is not None and config.dev_http_port is not None:
+        ca, problem = await trio.to_thread.run_sync(load_dev_ca, tls_dir(data_dir))
+        if ca is not None:
+            tls = ca.server_context()
+    elif config.dev_https_port is None:
+        problem = "turned off (--dev-https-port none)"
+    lan_allowed = config.allow_lan_ports or not is_loopback(config.host)
+    return PortsHub(tls=tls, tls_problem=problem, lan_allowed=lan_allowed,
+                    lan_host=lan_address(config.host) if lan_allowed else "")
+
+
 async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
     data_dir = config.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -459,6 +508,7 @@ async def _serve(
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
         network=network.mode if network is not None else None,
     )
+    rigs.ports = await _ports_hub(config, data_dir)
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
     imports = ImportJobs(data_dir, functools.partial(which_boots, data_dir, config.cache_dir))
@@ -476,6 +526,7 @@ async def _serve(
         await nursery.start(imports.run)
         await nursery.start(pulls.run)
         await nursery.start(mcp_http.run)
+        await nursery.start(rigs.ports.run, config.dev_http_port, config.dev_https_port)
         if accel is not None:
             # Unpack the default image now, so the first rig.open does not wait for it.
             nursery.start_soon(_warm_pack, backend)
@@ -499,6 +550,10 @@ async def _serve(
         print(f"rigd {url} (data {data_dir}, accel {accel or 'none: ' + (problem or '')})", flush=True)
         print(f"admin token: {token_path}", flush=True)
         print(f"settings page: {url}{PAGE_HOME} (sign in with the admin token)", flush=True)
+        if rigs.ports.dev_http_port is not None:
+            https = (f", https on {rigs.ports.dev_https_port} (trust `rigd ca`)"
+                     if rigs.ports.dev_https_port is not None else f" (no https: {rigs.ports.tls_problem})")
+            print(f"dev domains: http on 127.0.0.1:{rigs.ports.dev_http_port}{https}", flush=True)
         await shutdown.wait()
         await rigs.shutdown()
         nursery.cancel_scope.cancel()

@@ -140,6 +140,9 @@ def build_methods(
             "memoryBudgetMb": rigs.memory_budget_mb,
             "memoryInUseMb": rigs.memory_in_use_mb(),
             "network": rigs.network or "none",
+            "devHttpPort": rigs.ports.dev_http_port if rigs.ports else None,
+            "devHttpsPort": rigs.ports.dev_https_port if rigs.ports else None,
+            "devHttpsProblem": rigs.ports.tls_problem if rigs.ports else None,
         }
 
     async def _secret_workspace(caller: Caller, params: dict[str, Any]) -> tuple[str, SecretStore]:
@@ -392,6 +395,10 @@ def build_methods(
         "rig.park": rig_method("rig.park"),
         "rig.retry": rig_method("rig.retry"),
         "rig.events": rig_method("rig.events"),
+        "rig.ports": rig_method("rig.ports"),
+        "rig.port.share": rig_method("rig.port.share"),
+        "rig.domain.set": rig_method("rig.domain.set"),
+        "rig.domain.unset": rig_method("rig.domain.unset"),
         "events.subscribe": Method(events_subscribe),
         "conversation.end": rig_method("conversation.end"),
         "workspace.delete": Method(workspace_delete, admin=True),
