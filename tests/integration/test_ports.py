@@ -148,6 +148,38 @@ def test_a_17th_port_is_listed_as_not_forwarded_and_a_closed_port_is_unforwarded
     assert answer["notForwarded"] == [] and refused(host_port)
 
 
+#: A guest that opens thousands of listening ports.
+FLOOD = r'''
+import resource, socket, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (8192, 8192))
+socks = []
+for p in range(20000, 23000):
+    s = socket.socket(); s.bind(("127.0.0.1", p)); s.listen(1); socks.append(s)
+open("/tmp/flood.ready", "w").close()
+time.sleep(3600)
+'''
+
+
+def test_a_guest_with_thousands_of_ports_gets_sixteen_forwards(
+        ported: tuple[Server, str, dict[str, Any], float]) -> None:
+    srv, rig, _answer, _took = ported
+    exec_(srv, rig, command="cat > /tmp/flood.py", stdin=FLOOD, timeoutS=60)
+    sh(srv, rig, "rm -f /tmp/flood.ready; (setsid python3 /tmp/flood.py >/tmp/flood.log 2>&1 &); "
+                 "for i in $(seq 300); do [ -e /tmp/flood.ready ] && exit 0; sleep 0.2; done; "
+                 "cat /tmp/flood.log; exit 1", timeout=120)
+    deadline = time.monotonic() + 30
+    while (answer := srv.call("rig.ports", {"rigId": rig}))["listening"] < 3000:
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.5)
+    assert len(answer["ports"]) == 16 and {8000, 8765} <= {p["guestPort"] for p in answer["ports"]}
+    assert len(answer["notForwarded"]) == 64 and answer["listening"] == 3002
+    assert "not forwarded" in srv.log()
+    sh(srv, rig, "pkill -f /tmp/flood.py")
+    wait_ports(srv, rig, set(range(20000, 23000)), gone=True)
+    res = curl(next(p["url"] for p in answer["ports"] if p["guestPort"] == 8000))
+    assert res.stdout == "hello from rig A\n", res
+
+
 def test_rig_ports_refuses_bad_input_naming_the_field(
         ported: tuple[Server, str, dict[str, Any], float]) -> None:
     srv, rig, _answer, _took = ported
