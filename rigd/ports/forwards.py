@@ -153,7 +153,12 @@ class RigPorts:
                 self.state.problem = None
                 while True:
                     if self._awake():
-                        listening = await mux.listening(timeout_s=LIST_TIMEOUT_S)
+                        try:
+                            listening = await mux.listening(timeout_s=LIST_TIMEOUT_S)
+                        except MuxError:
+                            if mux.broken is not None or self._awake():
+                                raise
+                            continue  # parked while it asked: ask again once it runs
                         self._apply(listening)
                         self.state.ready = True
                         self._wake_waiters()

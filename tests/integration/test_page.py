@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,6 +248,18 @@ def test_terminal_rig_from_open_to_close(site: Site) -> None:
     # The audit log shows the drop by shape.
     page.get_by_role("button", name="Refresh").click()
     page.locator("#log-body").get_by_text("drop_files").first.wait_for()
+
+    # A server the agent starts in the rig appears as a link, and so does its dev domain.
+    exec_text(srv, rig, "mkdir -p /srv/p && echo from-the-rig > /srv/p/index.html && cd /srv/p && "
+                        "(setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &)")
+    forwarded = page.locator("#rig-ports li[data-guest-port='8000'] a")
+    forwarded.wait_for(timeout=60_000)
+    url = forwarded.get_attribute("href")
+    assert url is not None and url.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        assert resp.read() == b"from-the-rig\n"
+    srv.call("rig.domain.set", {"rigId": rig, "name": "page.localhost", "guestPort": 8000})
+    page.locator("#rig-ports li[data-domain='page.localhost'] a").first.wait_for(timeout=30_000)
 
     # An expired session sends the person to sign-in, then back to this tab.
     ended = ctx.request.post(srv.url + "/session/end", headers={"Origin": srv.url})

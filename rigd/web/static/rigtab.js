@@ -16,6 +16,7 @@ const DROP_SAYS = {
 };
 
 const HEARTBEAT_MS = 2000;
+const PORTS_MS = 4000;
 const LOG_PAGE = 50;
 
 export class RigTab {
@@ -32,12 +33,13 @@ export class RigTab {
     this.status = h("p.status", { role: "status", "aria-live": "polite", id: "tab-status" });
     this.stage = h("div.stage", { id: "stage" });
     this.tools = h("div.tools", { id: "tools" });
+    this.ports = h("div.ports", { id: "rig-ports", "aria-live": "polite" });
     this.logBody = h("tbody", { id: "log-body" });
     this.logMore = h("button", { type: "button", id: "log-older", hidden: true, onclick: () => this.loadLog(true) }, "Older entries");
     replace(ctx.main,
       h("section.card", { "aria-labelledby": "rig-title" },
         h("div.row", {}, this.title, h("a", { href: "/settings/server/rigs", "data-nav": true }, "← All rigs")),
-        this.banner, this.state, this.control, this.status, this.stage, this.tools),
+        this.banner, this.state, this.ports, this.control, this.status, this.stage, this.tools),
       h("section.card", { "aria-labelledby": "log-title" },
         h("div.row", {}, h("h2", { id: "log-title" }, "Audit log"),
           h("button", { type: "button", onclick: () => this.loadLog(false) }, "Refresh")),
@@ -52,6 +54,7 @@ export class RigTab {
   dispose() {
     this.disposed = true;
     clearInterval(this.clock);
+    clearTimeout(this.portsTimer);
     clearTimeout(this.beat);
     if (this.view) this.view.dispose();
   }
@@ -69,6 +72,7 @@ export class RigTab {
     if (this.rig.phase === "closed") { this.ended(this.rig); return; }
     this.heartbeat();
     this.mountView();
+    if (this.rig.surface === "terminal") this.loadPorts();
   }
 
   mountView() {
@@ -120,6 +124,35 @@ export class RigTab {
     }
     await this.refresh();
     if (event.type === "RigControlChanged") this.loadLog(false);
+  }
+
+  // What the guest serves (RIGS.md §8): a link per forwarded port and per dev domain, polled
+  // as often as the server discovers them.
+  async loadPorts() {
+    if (this.disposed || !this.rig || this.rig.phase === "closed") { replace(this.ports); return; }
+    try {
+      this.renderPorts(await call("rig.ports", { rigId: this.rigId }));
+    } catch (e) {
+      if (!(e instanceof RpcError && e.code === -32009)) announce(this.status, describe(e), "error");
+      replace(this.ports);
+    }
+    this.portsTimer = setTimeout(() => this.loadPorts(), PORTS_MS);
+  }
+
+  renderPorts(p) {
+    const link = (url, text) => h("a", { href: url, target: "_blank", rel: "noopener noreferrer" }, text);
+    const items = p.ports.map((f) => h("li", { dataset: { guestPort: f.guestPort } },
+      link(f.url, `port ${f.guestPort} → 127.0.0.1:${f.hostPort}`),
+      f.lanUrl ? [" · ", link(f.lanUrl, `on the network: ${f.lanUrl}`)] : null));
+    const names = p.domains.map((d) => h("li", { dataset: { domain: d.name } },
+      d.httpsUrl ? link(d.httpsUrl, d.httpsUrl) : null, d.httpsUrl && d.url ? " · " : null,
+      d.url ? link(d.url, d.url) : null, ` (port ${d.guestPort})`));
+    const none = p.ports.length || names.length ? null
+      : h("p.muted", {}, p.problem || "Nothing listens in the rig yet; servers it starts appear here.");
+    replace(this.ports, h("h2", { id: "ports-title" }, "Ports"), none,
+      items.length ? h("ul", { "aria-label": "Forwarded ports" }, items) : null,
+      names.length ? h("ul", { "aria-label": "Dev domains" }, names) : null,
+      p.notForwarded.length ? h("p.muted", {}, `${p.listening - p.ports.length} more listening ports are not forwarded (at most 16).`) : null);
   }
 
   ended(rig) {
