@@ -60,7 +60,11 @@ from pathlib import Path
 from typing import Any
 
 # _common (beside this script) puts this checkout first on sys.path, so it comes before rigd.
-from _common import REAPER, BenchError, Server, fmt_ms, leaves, med, start_server, stop_server, tail
+from _common import REAPER, REPO, BenchError, Server, fmt_ms, leaves, med, start_server, stop_server, tail
+
+# The sibling script bench/netgate.py must not shadow the netgate package (say PYTHONPATH names the repo).
+sys.path.remove(str(REPO))
+sys.path.insert(0, str(REPO))
 
 from netgate.topology import ADDRESSING, Naming
 from rigd.cli import ClientError

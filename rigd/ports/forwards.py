@@ -116,6 +116,8 @@ class RigPorts:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 while True:
+                    while not self._awake():  # a parked rig answers nothing: wait for it to run
+                        await trio.sleep(1.0)
                     try:
                         await self._session()
                         pause = 1.0

@@ -293,3 +293,13 @@ def test_dev_domains_route_http_and_https_by_host_and_stay_with_their_rig(
     assert srv.call("rig.domain.unset", {"rigId": rig, "name": "ws.localhost"})["removed"] is True
     err = srv.error("rig.ports", {"rigId": other})
     assert "closed" in err["message"]
+
+
+def test_a_connection_to_a_parked_rig_wakes_it(ported: tuple[Server, str, dict[str, Any], float]) -> None:
+    srv, rig, _answer, _took = ported
+    url = next(p["url"] for p in srv.call("rig.ports", {"rigId": rig})["ports"] if p["guestPort"] == 8000)
+    assert srv.call("rig.park", {"rigId": rig})["phase"] == "parked"
+    res = curl(url)
+    assert res.returncode == 0 and res.stdout == "hello from rig A\n", res
+    got = srv.call("rig.get", {"rigId": rig})
+    assert got["phase"] == "ready" and "connection to a forwarded port" in got["phaseDetail"], got
