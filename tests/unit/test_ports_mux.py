@@ -322,3 +322,32 @@ def test_the_mux_is_started_from_the_tools_disk_detached() -> None:
     assert "setsid" in script and script.rstrip().endswith("&")
     assert "/.rigd/agent/rigd_mux.py" in script and "env -i" in script
     assert WINDOW == 256 * 1024
+
+
+async def _never(_argv: tuple[str, ...]) -> None:
+    raise AssertionError("nothing runs in a guest here")
+
+
+async def _nothing() -> None:
+    return None
+
+
+def test_a_lan_share_is_refused_unless_the_operator_allowed_it() -> None:
+    from rigd.errors import Conflict
+    from rigd.ports.forwards import Forward, RigPorts
+
+    ports = RigPorts("rig_a", Path("/nonexistent/ports.sock"), _never, awake=lambda: True,
+                     on_connect=_nothing, lan_allowed=False,
+                     domains_of=lambda _rid: {8000: ["app.test"]})
+    ports.state.forwards[8000] = Forward(8000, 18000, trio.CancelScope())
+    with pytest.raises(Conflict, match="--allow-lan-ports"):
+        ports.share(8000, True)
+    with pytest.raises(FieldError) as err:
+        ports.share(9000, True)
+    assert err.value.field == "guestPort"
+    ports.share(8000, False)  # unsharing what is not shared is fine
+    described = ports.describe()
+    assert described["ports"] == [{
+        "guestPort": 8000, "hostPort": 18000, "url": "http://127.0.0.1:18000/", "shared": False,
+        "lanPort": None, "lanUrl": None, "domain": "app.test", "connections": 0}]
+    assert described["ready"] is False and described["notForwarded"] == []
