@@ -15,7 +15,7 @@ help:
 	@echo "make test   - install what is missing and run lint + the whole test suite"
 	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
 	@echo "make images-browser - build the Chromium, Firefox and WebKit browser images (a server also builds them on first use)"
-	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes; MCP vs tools.call; registry pulls vs skopeo)"
+	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes; MCP vs tools.call; registry pulls vs skopeo; ports: a forward vs the guest direct)"
 	@echo "make lint   - ruff and mypy --strict"
 
 deps:
@@ -67,7 +67,8 @@ bench: images images-desktop
 	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; \
 	$(BIN)/python bench/computer.py; d=$$?; $(BIN)/python bench/lanes.py; e=$$?; \
 	$(BIN)/python bench/agents.py; f=$$?; $(BIN)/python bench/images.py; g=$$?; \
-	exit $$(( a || b || c || d || e || f || g ))
+	$(BIN)/python bench/ports.py; h=$$?; \
+	exit $$(( a || b || c || d || e || f || g || h ))
 
 clean-cache:
 	rm -rf "$(RIGD_CACHE_DIR)"

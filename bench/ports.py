@@ -50,6 +50,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -410,9 +411,18 @@ def measure(srv: Server, args: argparse.Namespace, data_dir: Path) -> int:
     rig_id = open_rig(srv, args)
     print(f"terminal rig {rig_id} ready in {time.monotonic() - t0:.1f} s (not timed below)", flush=True)
     try:
-        return measure_rig(srv, args, data_dir, rig_id)
+        rc = measure_rig(srv, args, data_dir, rig_id)
     finally:
         close_rig(srv, rig_id)
+    ns = Path("/run/netns") / Naming(rig_id, prefix=gateway_prefix(data_dir)).netns
+    deadline = time.monotonic() + 30
+    while ns.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if ns.exists():
+        raise BenchError(f"the rig's gateway namespace {ns.name} (with the bench's nft rules) "
+                         "outlived rig.close")
+    print(f"    rig closed; its gateway namespace {ns.name}, the bench's nft rules with it, is gone")
+    return rc
 
 
 def measure_rig(srv: Server, args: argparse.Namespace, data_dir: Path, rig_id: str) -> int:
@@ -428,13 +438,16 @@ def measure_rig(srv: Server, args: argparse.Namespace, data_dir: Path, rig_id: s
                         "[ -e /tmp/bench-ports.ready ] && exit 0; sleep 0.2; done; cat /tmp/bench-ports.log; "
                         "exit 1")
     fwd, took = wait_forward(srv, rig_id, port)
-    addr = rig_sh(srv, rig_id, "ip -4 -o addr show scope global | awk '{print $2, $4}' || true").strip()
+    shown = rig_sh(srv, rig_id, "/.rigd/bin/busybox ip -4 -o addr show scope global || true")
+    addr = ", ".join(f"{m.group(1)} {m.group(2)}"
+                     for m in re.finditer(r"^\d+: (\S+)\s+inet (\S+)", shown, re.M))
     open_direct_path(ns, port)
     forward = Route("forward", [], "127.0.0.1", int(fwd["hostPort"]))
     direct = Route("direct", ["ip", "netns", "exec", ns], guest, port)
     paths = (forward, direct)
-    print(f"guest server on 0.0.0.0:{port} (guest {addr or '?'}); forwarded {took:.1f} s after it "
-          f"listened, at 127.0.0.1:{forward.port}; direct: {guest}:{port} from namespace {ns}", flush=True)
+    print(f"guest server on 0.0.0.0:{port} (guest {addr or '?'}); in rig.ports {took:.1f} s after it "
+          f"listened, forwarded at 127.0.0.1:{forward.port}; direct: {guest}:{port} from namespace {ns}",
+          flush=True)
 
     for p in paths:  # warm-up: page cache, TCP, the guest's python, both directions
         p.run("get", 8 * MIB)
@@ -460,8 +473,6 @@ def measure_rig(srv: Server, args: argparse.Namespace, data_dir: Path, rig_id: s
               f"one connection median {fmt_ms(med(lat[p.name]['echo']))}", flush=True)
 
     held = {p.name: hold(p, args.hold, srv, rig_id, port) for p in paths}
-    for name, h in held.items():
-        print(f"held {name}: {h}", flush=True)
 
     # --- the report
     print()

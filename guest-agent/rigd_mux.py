@@ -46,6 +46,7 @@ WINDOW = 256 * 1024  # bytes a sender may have unacknowledged per stream
 MAX_STREAMS = 256
 MAX_LISTED = 512  # listening ports reported per answer
 OUT_CAP = 1 << 20  # bytes queued for the host before sockets stop being read
+DRAIN = 256 * 1024  # bytes read from the port before they are acted on
 VERSION = 1
 
 HELLO, OPEN, OPENED, DATA, CREDIT, EOF, CLOSE, PORTS = range(1, 9)
@@ -174,11 +175,24 @@ class Mux:
         self.synced = False
         self.last_scan: dict[int, list[str]] = {}
         self.registered: dict[int, int] = {}  # fd -> events
+        self.rbuf = bytearray(CHUNK)
+        self.rbuf_view = memoryview(self.rbuf)
 
     # -- host side --------------------------------------------------------
 
     def send(self, kind: int, sid: int = 0, payload: bytes = b"") -> None:
         self.out += frame(kind, sid, payload)
+
+    def send_raw(self, data: memoryview) -> None:
+        """A whole frame: written at once when nothing waits before it, else queued."""
+        if not self.out:
+            try:
+                n = os.write(self.fd, data)
+            except OSError:
+                n = 0  # full (or the host is going): queued, and flush() meets it
+            data = data[n:]
+        if data:
+            self.out += data
 
     def reset(self) -> None:
         for stream in list(self.streams.values()):
@@ -186,30 +200,41 @@ class Mux:
         self.out.clear()
 
     def feed(self, data: bytes) -> None:
+        """Act on every whole frame received; payloads are views into the buffer (no copy)."""
         self.inbuf += data
-        while True:
-            if not self.synced:
-                at = self.inbuf.find(MAGIC)
-                if at < 0:
-                    del self.inbuf[: max(0, len(self.inbuf) - len(MAGIC) + 1)]
+        pos = 0
+        view = memoryview(self.inbuf)
+        try:
+            while True:
+                if not self.synced:
+                    at = self.inbuf.find(MAGIC, pos)
+                    if at < 0:
+                        pos = max(pos, len(self.inbuf) - len(MAGIC) + 1)
+                        return
+                    pos = at + len(MAGIC)
+                    self.synced = True
+                if len(self.inbuf) - pos < HEADER.size:
                     return
-                del self.inbuf[: at + len(MAGIC)]
-                self.synced = True
-            if len(self.inbuf) < HEADER.size:
-                return
-            kind, sid, length = HEADER.unpack_from(self.inbuf)
-            if length > MAX_PAYLOAD or not HELLO <= kind <= PORTS:
-                log(f"bad frame from the host (type {kind}, length {length}): resyncing")
-                self.reset()
-                self.synced = False
-                continue
-            if len(self.inbuf) < HEADER.size + length:
-                return
-            payload = bytes(self.inbuf[HEADER.size: HEADER.size + length])
-            del self.inbuf[: HEADER.size + length]
-            self.handle(kind, sid, payload)
+                kind, sid, length = HEADER.unpack_from(self.inbuf, pos)
+                if length > MAX_PAYLOAD or not HELLO <= kind <= PORTS:
+                    log(f"bad frame from the host (type {kind}, length {length}): resyncing")
+                    self.reset()
+                    self.synced = False
+                    continue
+                end = pos + HEADER.size + length
+                if len(self.inbuf) < end:
+                    return
+                payload = view[pos + HEADER.size:end]
+                pos = end
+                try:
+                    self.handle(kind, sid, payload)
+                finally:
+                    payload.release()
+        finally:
+            view.release()
+            del self.inbuf[:pos]
 
-    def handle(self, kind: int, sid: int, payload: bytes) -> None:
+    def handle(self, kind: int, sid: int, payload: memoryview) -> None:
         if kind == HELLO:
             self.reset()
             self.out += MAGIC
@@ -232,7 +257,18 @@ class Mux:
                 if len(stream.to_sock) + len(payload) > WINDOW:
                     self.close(stream, "the host sent past its window")
                     return
-                stream.to_sock += payload
+                if stream.to_sock or stream.connecting or stream.sock is None:
+                    stream.to_sock += payload
+                    return
+                try:  # nothing waits before it: straight from the port's buffer to the socket
+                    n = stream.sock.send(payload)
+                except BlockingIOError:
+                    n = 0
+                except OSError as exc:
+                    self.close(stream, (exc.strerror or "error").lower())
+                    return
+                stream.to_sock += payload[n:]
+                self.credit(stream, n)
             elif kind == CREDIT and len(payload) == 4:
                 stream.unacked = max(0, stream.unacked - struct.unpack(">I", payload)[0])
             elif kind == EOF:
@@ -240,7 +276,7 @@ class Mux:
             elif kind == CLOSE:
                 self.drop(stream)
 
-    def open(self, sid: int, payload: bytes) -> None:
+    def open(self, sid: int, payload: memoryview) -> None:
         if len(payload) != 2 or sid == 0 or sid in self.streams:
             self.send(CLOSE, sid, b"bad open")
             return
@@ -341,33 +377,47 @@ class Mux:
             self.send(OPENED, stream.sid)
             return
         if mask & selectors.EVENT_READ:
+            # Received straight behind room for the frame's header: under TCG every copy costs.
+            want = min(CHUNK - HEADER.size, WINDOW - stream.unacked)
             try:
-                data = sock.recv(min(CHUNK, WINDOW - stream.unacked))
+                n = sock.recv_into(self.rbuf_view[HEADER.size:HEADER.size + want])
             except BlockingIOError:
-                data = None
+                n = -1
             except OSError as exc:
                 self.close(stream, (exc.strerror or "error").lower())
                 return
-            if data == b"":
+            if n == 0:
                 stream.read_eof = True
                 self.send(EOF, stream.sid)
-            elif data:
-                stream.unacked += len(data)
-                self.send(DATA, stream.sid, data)
-        if mask & selectors.EVENT_WRITE and stream.to_sock:
-            try:
-                n = sock.send(stream.to_sock)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                self.close(stream, (exc.strerror or "error").lower())
-                return
-            del stream.to_sock[:n]
-            stream.consumed += n
-            if stream.consumed >= WINDOW // 4 or (not stream.to_sock and stream.consumed):
-                self.send(CREDIT, stream.sid, struct.pack(">I", stream.consumed))
-                stream.consumed = 0
+            elif n > 0:
+                stream.unacked += n
+                HEADER.pack_into(self.rbuf, 0, DATA, stream.sid, n)
+                self.send_raw(self.rbuf_view[:HEADER.size + n])
+        if mask & selectors.EVENT_WRITE and stream.to_sock and not self.write_sock(stream):
+            return
         self.settle(stream)
+
+    def write_sock(self, stream: Stream) -> bool:
+        """Pass what the host sent on to the socket; credit it back a quarter window at a time.
+        False when the stream had to be closed."""
+        assert stream.sock is not None
+        try:
+            n = stream.sock.send(stream.to_sock)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            self.close(stream, (exc.strerror or "error").lower())
+            return False
+        del stream.to_sock[:n]
+        self.credit(stream, n)
+        return True
+
+    def credit(self, stream: Stream, n: int) -> None:
+        """``n`` more bytes went on to the socket: credit the host a quarter window at a time."""
+        stream.consumed += n
+        if stream.consumed >= WINDOW // 4:
+            self.send(CREDIT, stream.sid, struct.pack(">I", stream.consumed))
+            stream.consumed = 0
 
     def settle(self, stream: Stream) -> None:
         if stream.sock is None or stream.connecting:
@@ -387,6 +437,24 @@ class Mux:
                 return
             del self.out[:n]
 
+    def drain_port(self) -> bool:
+        """Read what the port holds (it hands over a page at a time) up to ``DRAIN`` bytes,
+        then act on it once; False when the host is gone."""
+        got = bytearray()
+        while len(got) < DRAIN:
+            try:
+                data = os.read(self.fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                if got:
+                    self.feed(bytes(got))
+                return False
+            got += data
+        if got:
+            self.feed(bytes(got))
+        return True
+
     def run(self) -> None:
         """Serve until the port fails; returns when the host hangs up."""
         while True:
@@ -395,15 +463,8 @@ class Mux:
             self.interests()
             for key, mask in self.sel.select(5.0):
                 if key.data is None:
-                    if mask & selectors.EVENT_READ:
-                        try:
-                            data = os.read(self.fd, 65536)
-                        except (BlockingIOError, InterruptedError):
-                            data = None
-                        if data == b"":
-                            return  # virtio-serial: the host is gone
-                        if data:
-                            self.feed(data)
+                    if mask & selectors.EVENT_READ and not self.drain_port():
+                        return  # virtio-serial: the host is gone
                     if mask & selectors.EVENT_WRITE:
                         self.flush()
                 else:

@@ -105,6 +105,7 @@ class RigPorts:
         self._polled = trio.Event()
         self._connections = 0
         self._logged_over: set[int] = set()
+        self._greeted = False
         self.refused_connections = 0
 
     # -- the service ----------------------------------------------------------
@@ -116,11 +117,12 @@ class RigPorts:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 while True:
-                    while not self._awake():  # a parked rig answers nothing: wait for it to run
+                    # A parked rig answers nothing: wait for it to run (its phase has no event).
+                    while not self._awake():  # noqa: ASYNC110
                         await trio.sleep(1.0)
+                    self._greeted = False
                     try:
                         await self._session()
-                        pause = 1.0
                     except (MuxError, OSError, StreamRefused) as exc:
                         self.state.problem = f"port forwarding is down: {exc}"
                         log.warning("rig %s: %s (retrying in %.0f s)", self.rig_id,
@@ -132,6 +134,8 @@ class RigPorts:
                     self.state.ready = False
                     self._drop_all()
                     self._wake_waiters()
+                    if self._greeted:
+                        pause = 1.0  # that session worked: a new failure starts the backoff over
                     await trio.sleep(pause)
                     pause = min(pause * 2, 60.0)
         finally:
@@ -152,6 +156,7 @@ class RigPorts:
                     await self._run_in_guest(MUX_START_ARGV)
                     await mux.hello(timeout_s=HELLO_TIMEOUT_S * 4)
                 self.mux = mux
+                self._greeted = True
                 self.state.problem = None
                 while True:
                     if self._awake():
@@ -321,6 +326,8 @@ def bind_loopback(port: int) -> socket.socket | None:
     """A listening socket on 127.0.0.1: ``port`` when free here, else one the OS picks."""
     for want in (port, 0):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Connections of an earlier forward of this port may linger in TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", want))
             sock.listen(128)

@@ -116,15 +116,15 @@ async def test_a_stream_carries_bytes_both_ways_under_credit() -> None:
             kind, sid, payload = await guest.next_frame()
             assert (kind, payload) == (OPEN, struct.pack(">H", 8000))
             await guest.send(frame(OPENED, sid) + frame(DATA, sid, b"hello ") + frame(DATA, sid, b"host")
-                             + frame(EOF, sid))
+                             + frame(DATA, sid, b"." * 20000) + frame(EOF, sid))
 
         nursery.start_soon(accept)
         stream = await mux.open(8000, timeout_s=5)
         got = b""
         while chunk := await stream.receive_some():
             got += chunk
-        assert got == b"hello host"
-        # The host credits what it read.
+        assert got == b"hello host" + b"." * 20000
+        # The host credits what it read, a quarter window (16 KiB here) at a time.
         kind, sid, payload = await guest.next_frame()
         assert kind == CREDIT and sid == stream.sid and struct.unpack(">I", payload)[0] > 0
         # The host may not send past its window until the guest credits it back.
