@@ -24,6 +24,7 @@ from rigd.model import (
     Engine,
     Surface,
 )
+from rigd.ports.names import dev_name_problem
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
@@ -314,8 +315,6 @@ class DomainParams:
 
 
 def _dev_name(params: dict[str, Any]) -> str:
-    from rigd.ports.names import dev_name_problem
-
     name = params.get("name")
     problem = dev_name_problem(name)
     if problem is not None:

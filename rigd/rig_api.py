@@ -47,6 +47,8 @@ from rigd.params import (
     parse_port_share,
     parse_rig_ref,
 )
+from rigd.ports.forwards import RigPorts
+from rigd.ports.hub import PortsHub
 from rigd.render import iso_at
 from rigd.rigs import CONTROL_LEASE_S, WATCH_LAPSE_S, RigManager, egress_json
 from rigd.store.util import iso, utcnow
@@ -302,49 +304,43 @@ class RigApi:
 
     # -- ports and dev domains (RIGS.md §8) -------------------------------------------------
 
-    async def _ports_rig(self, caller: Caller, rig_id: str, *, change: bool) -> LiveRig:
+    async def _ports_rig(self, caller: Caller, rig_id: str, *,
+                         change: bool) -> tuple[LiveRig, PortsHub, RigPorts]:
+        """A running terminal rig, the server's ports and the rig's own (-32009 otherwise)."""
         row, _db, rig = await self.rigs.visible(caller, rig_id)
         if row.surface != Surface.TERMINAL.value:
             raise Conflict(f"rig {rig_id} is a {row.surface} rig; only terminal rigs forward ports")
-        if rig is None or rig.machine is None or self.rigs.ports is None \
-                or rig.row.id not in self.rigs.ports.rigs:
+        hub = self.rigs.ports
+        ports = hub.rigs.get(row.id) if hub is not None else None
+        if rig is None or rig.machine is None or hub is None or ports is None:
             raise Conflict(f"rig {rig_id} is {row.phase}; its ports exist only while it runs")
         if change:
             self.rigs.check_control(rig, caller)
-        return rig
+        return rig, hub, ports
 
     async def ports(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
-        rig = await self._ports_rig(caller, ref.rig_id, change=False)
-        out = self.rigs.ports_json(rig.row.id)
+        rig, hub, _ports = await self._ports_rig(caller, ref.rig_id, change=False)
+        out = hub.describe(rig.row.id)
         assert out is not None
-        hub = self.rigs.ports
-        assert hub is not None
         return {"rigId": rig.row.id, **out, "devHttpPort": hub.dev_http_port,
                 "devHttpsPort": hub.dev_https_port}
 
     async def share_port(self, caller: Caller, params: PortShareParams) -> dict[str, Any]:
-        rig = await self._ports_rig(caller, params.rig_id, change=True)
-        hub = self.rigs.ports
-        assert hub is not None
-        hub.running(rig.row.id).share(params.guest_port, params.lan)
+        rig, _hub, ports = await self._ports_rig(caller, params.rig_id, change=True)
+        ports.share(params.guest_port, params.lan)
         await self.rigs.audit_event(rig, caller, "port.share",
                                     {"guestPort": params.guest_port, "lan": params.lan})
-        described = hub.describe(rig.row.id) or {"ports": []}
-        return next(p for p in described["ports"] if p["guestPort"] == params.guest_port)
+        return next(p for p in ports.describe()["ports"] if p["guestPort"] == params.guest_port)
 
     async def set_domain(self, caller: Caller, params: DomainParams) -> dict[str, Any]:
-        rig = await self._ports_rig(caller, params.rig_id, change=True)
-        hub = self.rigs.ports
-        assert hub is not None
+        rig, hub, _ports = await self._ports_rig(caller, params.rig_id, change=True)
         out = await hub.set_domain(rig.row.id, params.name, params.guest_port)
         await self.rigs.audit_event(rig, caller, "domain.set",
                                     {"name": params.name, "guestPort": params.guest_port})
         return {"rigId": rig.row.id, **out}
 
     async def unset_domain(self, caller: Caller, params: DomainParams) -> dict[str, Any]:
-        rig = await self._ports_rig(caller, params.rig_id, change=True)
-        hub = self.rigs.ports
-        assert hub is not None
+        rig, hub, _ports = await self._ports_rig(caller, params.rig_id, change=True)
         if not hub.domains.unset(rig.row.id, params.name):
             raise FieldError("name", f"{params.name} is not mapped in rig {rig.row.id}")
         await self.rigs.audit_event(rig, caller, "domain.unset", {"name": params.name})

@@ -35,7 +35,9 @@ POLL_S = 4.0
 MAX_FORWARDS = 16
 #: Connections held at once through one rig's forwards (the guest caps streams at 256 too).
 MAX_CONNECTIONS = 256
-HELLO_TIMEOUT_S = 3.0
+#: How long a running mux has to answer hello, and one the host has just started.
+HELLO_TIMEOUT_S = 1.5
+START_TIMEOUT_S = 12.0
 LIST_TIMEOUT_S = 5.0
 #: Ports listed as "not forwarded" beyond the 16 (the rest are only counted).
 MAX_NOT_FORWARDED_LISTED = 64
@@ -147,14 +149,15 @@ class RigPorts:
         async with sock:
             mux = MuxClient(sock, name=self.rig_id)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, mux)
+                # Its MuxError (the connection's end) ends the session.
+                nursery.start_soon(mux.run)
                 try:
-                    await mux.hello(timeout_s=1.5)
+                    await mux.hello(timeout_s=HELLO_TIMEOUT_S)
                 except MuxError:
                     if mux.broken is not None:
                         raise
                     await self._run_in_guest(MUX_START_ARGV)
-                    await mux.hello(timeout_s=HELLO_TIMEOUT_S * 4)
+                    await mux.hello(timeout_s=START_TIMEOUT_S)
                 self.mux = mux
                 self._greeted = True
                 self.state.problem = None
@@ -172,9 +175,6 @@ class RigPorts:
                     self._poke = trio.Event()
                     with trio.move_on_after(self.poll_s):
                         await self._poke.wait()
-
-    async def _read(self, mux: MuxClient) -> None:
-        await mux.run()  # raises MuxError when the connection ends: ends the session
 
     def _wake_waiters(self) -> None:
         self._polled.set()
@@ -233,13 +233,11 @@ class RigPorts:
 
     async def _serve(self, fwd: Forward, sock: socket.socket, scope: trio.CancelScope) -> None:
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        with scope:
+        with scope:  # cancelled: the listener closes, and every connection through it ends
             async with listener, trio.open_nursery() as nursery:
                 while True:
                     conn = await listener.accept()
                     nursery.start_soon(self._connection, fwd, conn)
-        with trio.CancelScope(shield=True):
-            await listener.aclose()
 
     async def _connection(self, fwd: Forward, conn: trio.SocketStream) -> None:
         async with conn:
