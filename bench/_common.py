@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -182,3 +183,26 @@ def stop_server(srv: Server) -> None:
             srv.proc.kill()
             srv.proc.wait()
     REAPER.discard(srv.proc.pid)
+
+
+def clean_up(srv: Server | None, rc: int, *, server_log: Path, data_dir: Path, keep: bool,
+             own_dir: bool = True) -> int:
+    """The end of a bench run, whatever happened: stop the server, kill every process left by
+    pid, show the server log's tail when the run failed, and remove the data directory (unless
+    ``keep``, or it is not the bench's own). Returns ``rc``, 1 if something outlived the clean-up."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if srv is not None:
+        stop_server(srv)
+    REAPER.kill_all()
+    left = REAPER.alive()
+    if left:
+        print(f"bench: processes still alive after clean-up: {left}", file=sys.stderr)
+        rc = rc or 1
+    if rc != 0 and server_log.exists():
+        print(f"bench: server log tail:\n{tail(server_log.read_bytes(), 2000)}", file=sys.stderr)
+    if own_dir and not keep:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    elif own_dir:
+        print(f"bench: kept {data_dir}", file=sys.stderr)
+    return rc

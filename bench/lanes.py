@@ -53,7 +53,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import sys
 import tempfile
@@ -67,7 +66,7 @@ from typing import Any
 import trio
 
 # _common (beside this script) puts this checkout first on sys.path, so it comes before rigd.
-from _common import REAPER, BenchError, fmt_ms, fmt_s, leaves, med, stop_server, tail
+from _common import REAPER, BenchError, clean_up, fmt_ms, fmt_s, leaves, med, tail
 from terminal import (
     Ctx,
     QGAClient,
@@ -786,21 +785,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise  # a bug: the traceback, after the clean-up below
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if ctx is not None and ctx.server is not None:
-            stop_server(ctx.server)
-        REAPER.kill_all()
-        left = REAPER.alive()
-        if left:
-            print(f"bench: processes still alive after clean-up: {left}", file=sys.stderr)
-            rc = rc or 1
-        if rc != 0 and server_log.exists():
-            print(f"bench: server log tail:\n{tail(server_log.read_bytes(), 2000)}", file=sys.stderr)
-        if not args.keep:
-            shutil.rmtree(data_dir, ignore_errors=True)
-        else:
-            print(f"bench: kept {data_dir}", file=sys.stderr)
+        rc = clean_up(ctx.server if ctx is not None else None, rc, server_log=server_log,
+                      data_dir=data_dir, keep=args.keep)
     return rc
 
 

@@ -51,7 +51,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -61,7 +60,17 @@ from pathlib import Path
 from typing import Any
 
 # _common (beside this script) puts this checkout first on sys.path, so it comes before rigd.
-from _common import REAPER, REPO, BenchError, Server, fmt_ms, leaves, med, start_server, stop_server, tail
+from _common import (
+    REAPER,
+    REPO,
+    BenchError,
+    Server,
+    clean_up,
+    fmt_ms,
+    leaves,
+    med,
+    start_server,
+)
 
 # The sibling script bench/netgate.py must not shadow the netgate package (say PYTHONPATH names the repo).
 sys.path.remove(str(REPO))
@@ -573,21 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise  # a bug: the traceback, after the clean-up below
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if srv is not None:
-            stop_server(srv)
-        REAPER.kill_all()
-        left = REAPER.alive()
-        if left:
-            print(f"bench: processes still alive after clean-up: {left}", file=sys.stderr)
-            rc = rc or 1
-        if rc != 0 and server_log.exists():
-            print(f"bench: server log tail:\n{tail(server_log.read_bytes(), 2000)}", file=sys.stderr)
-        if not args.keep:
-            shutil.rmtree(data_dir, ignore_errors=True)
-        else:
-            print(f"bench: kept {data_dir}", file=sys.stderr)
+        rc = clean_up(srv, rc, server_log=server_log, data_dir=data_dir, keep=args.keep)
     return rc
 
 

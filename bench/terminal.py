@@ -70,6 +70,7 @@ from _common import (
     REAPER,
     BenchError,
     Server,
+    clean_up,
     fmt_ms,
     fmt_s,
     leaves,
@@ -1023,21 +1024,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise  # a bug: the traceback, after the clean-up below
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if ctx is not None and ctx.server is not None:
-            stop_server(ctx.server)
-        REAPER.kill_all()
-        left = REAPER.alive()
-        if left:
-            print(f"bench: processes still alive after clean-up: {left}", file=sys.stderr)
-            rc = rc or 1
-        if rc != 0 and server_log.exists():
-            print(f"bench: server log tail:\n{tail(server_log.read_bytes(), 2000)}", file=sys.stderr)
-        if own_dir and not args.keep:
-            shutil.rmtree(data_dir, ignore_errors=True)
-        elif own_dir:
-            print(f"bench: kept {data_dir}", file=sys.stderr)
+        rc = clean_up(ctx.server if ctx is not None else None, rc, server_log=server_log,
+                      data_dir=data_dir, keep=args.keep, own_dir=own_dir)
     return rc
 
 
