@@ -60,6 +60,7 @@ from rigd.backends.base import MachineSpec  # noqa: E402
 from rigd.backends.confine import make_shared_dir  # noqa: E402
 from rigd.backends.desktop import DesktopDriver, desktop_backend  # noqa: E402
 from rigd.backends.qemu import QemuConfig, QemuMachine  # noqa: E402
+from rigd.images import find_assets  # noqa: E402
 from rigd.images.cache import sha256_file  # noqa: E402
 from rigd.images.desktop import find_desktop  # noqa: E402
 from rigd.images.importer import import_image  # noqa: E402
@@ -67,6 +68,7 @@ from rigd.model import Accel, Surface  # noqa: E402
 from rigd.protocols import input as qin  # noqa: E402
 from rigd.protocols.guest import Stream  # noqa: E402
 from rigd.server.live import changed_frames, polled_frames  # noqa: E402
+from rigd.server.main import publish_assets  # noqa: E402
 from rigd.verbs import ParseContext, parse_action  # noqa: E402
 from rigd.verbs.base import Display  # noqa: E402
 from rigd.verbs.keys import KeyCombo  # noqa: E402
@@ -357,7 +359,8 @@ async def main(args: argparse.Namespace) -> int:
         print(f"image imported in {time.monotonic() - t0:.1f} s ({imported.dir.name[:20]}…)")
         accel = Accel(args.accel)
         config = QemuConfig(data_dir=data_dir, accel=accel, warm_starts=False)
-        backend = desktop_backend(config, lambda _p: imported)
+        tools = publish_assets(find_assets(), data_dir).tools  # the guest agent's disk
+        backend = desktop_backend(config, lambda _p: imported, tools=tools)
         spec = MachineSpec(rig_id="rig_bench_computer", surface=Surface.COMPUTER,
                            memory_mb=args.memory_mb, vcpus=args.vcpus, accel=accel)
         t0 = time.monotonic()

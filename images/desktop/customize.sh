@@ -1,11 +1,10 @@
 #!/bin/sh
 # mmdebstrap --customize-hook for the computer (desktop) image: runs on the
-# host as root with the image root as $1, the recipe directory as $2 and the
-# guest agent to install as $3 (docs/images.md, "Desktop image").
+# host as root with the image root as $1 and the recipe directory as $2
+# (docs/images.md, "Desktop image").
 set -eu
 root="$1"
 recipe="$2"
-agent="$3"
 in_root() { chroot "$root" "$@"; }
 
 # Our configuration files (lightdm autologin, Xorg, modprobe, units, skel).
@@ -25,12 +24,12 @@ if [ -f "$root/etc/xdg/xfce4/panel/default.xml" ]; then
 fi
 in_root chown -R rig:rig /home/rig
 
-# The guest agent: the image's own python3 runs it as root from a unit that
-# starts before sysinit.target (rigd-agent.service).
-mkdir -p "$root/opt/rigd"
-cp "$agent" "$root/opt/rigd/rigd_agent.py"
-chmod 0644 "$root/opt/rigd/rigd_agent.py"
-in_root python3 -m py_compile /opt/rigd/rigd_agent.py
+# The guest agent is not part of the image: it comes on the rig's tools disk,
+# which our initramfs mounts read-only at /.rigd (so a change to the agent
+# never rebuilds this image). The image's own python3 runs it as root from a
+# unit that starts before sysinit.target (rigd-agent.service).
+mkdir -p "$root/.rigd"
+chmod 0755 "$root/.rigd"
 in_root systemctl enable rigd-agent.service >/dev/null 2>&1
 in_root systemctl set-default graphical.target >/dev/null 2>&1
 

@@ -118,6 +118,9 @@ class DesktopRecipe:
 
     config: QemuConfig
     image: ImportedImage
+    #: The server's tools disk (the guest agent), attached read-only as ``vdb``; None for an
+    #: image that carries its own agent (images built before the agent moved there).
+    tools: Path | None = None
     surface: Surface = Surface.COMPUTER
     backing_format: str = "qcow2"
 
@@ -142,7 +145,7 @@ class DesktopRecipe:
 
     def argv(self, spec: MachineSpec, at: RigPaths, *, mac: str | None, incoming: bool,
              tap_fd: int | str | None, accel: Accel | None = None,
-             kernel: Path | None = None, initrd: Path | None = None) -> list[str]:
+             kernel: Path | None = None, initrd: Path | None = None, tools: Path | None = None) -> list[str]:
         net = net_argv(self.config.network, at.rig_dir, tap_fd)
         width, height = spec.display or self.default_display
         return desktop_argv(
@@ -151,6 +154,7 @@ class DesktopRecipe:
             initrd=initrd or self.image.initrd,
             cmdline_extra=[*self.image.manifest.cmdline, *net.get("cmdline_extra", [])],
             qmp_socket=at.qmp, agent_socket=at.agent, console_socket=at.console,
+            tools_disk=(tools or self.tools) if self.tools is not None else None,
             width=width, height=height, incoming="defer" if incoming else None,
             mac=mac if "netdev" in net else None, netdev=net.get("netdev"),
             **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
@@ -166,11 +170,16 @@ class DesktopRecipe:
                             vcpus=spec.vcpus)
         shape = self.argv(usual, PLACEHOLDER_PATHS, mac="02:00:00:00:00:00", incoming=False,
                           tap_fd="@fd", accel=self.config.accel, kernel=Path("/@kernel"),
-                          initrd=Path("/@initrd"))
-        return shape, {
+                          initrd=Path("/@initrd"), tools=Path("/@tools"))
+        assets = {
             name: {"key": self.image.sha256, "file": path.name, "size": path.stat().st_size}
             for name, path in (("kernel", self.image.kernel), ("initrd", self.image.initrd))
         }
+        if self.tools is not None:
+            # A snapshot holds the running agent: a new tools disk (a changed agent) needs a new one.
+            assets["tools"] = {"key": self.tools.parent.name, "file": self.tools.name,
+                               "size": self.tools.stat().st_size}
+        return shape, assets
 
     def driver(self, machine: QemuMachine) -> DesktopDriver:
         return DesktopDriver(machine, spec_display=machine.spec.display or self.default_display)
@@ -181,9 +190,11 @@ class DesktopImages:
     (the built one is imported on first use; see ``rigd.server.main``)."""
 
     def __init__(self, config: QemuConfig,
-                 image: Callable[[Callable[[str], None]], ImportedImage | None]) -> None:
+                 image: Callable[[Callable[[str], None]], ImportedImage | None],
+                 tools: Path | None = None) -> None:
         self.config = config
         self._image = image
+        self._tools = tools
         self._lock = trio.Lock()
 
     async def recipe(self, spec: MachineSpec, progress: Callable[[str], None]) -> DesktopRecipe:
@@ -194,15 +205,18 @@ class DesktopImages:
                 "no desktop image is imported on this server: build one (`make images-desktop`) "
                 "or import one (`rigd images import <path or URL> --sha256 <digest>`)"
             )
-        return DesktopRecipe(self.config, image)
+        return DesktopRecipe(self.config, image, self._tools)
 
 
 def desktop_backend(
     config: QemuConfig, image: Callable[[Callable[[str], None]], ImportedImage | None], *,
-    layout: Layout | None = None, uids: UidPool | None = None, snapshots: SnapshotService | None = None,
+    tools: Path | None = None, layout: Layout | None = None, uids: UidPool | None = None,
+    snapshots: SnapshotService | None = None,
 ) -> QemuBackend:
-    """One backend serves all three ``qemu-*`` backends (the spec's ``accel`` says which)."""
-    return QemuBackend(Backend.QEMU_TCG, config, DesktopImages(config, image),
+    """One backend serves all three ``qemu-*`` backends (the spec's ``accel`` says which).
+
+    ``tools`` is the server's tools disk (the guest agent every rig of ours runs)."""
+    return QemuBackend(Backend.QEMU_TCG, config, DesktopImages(config, image, tools),
                        layout=layout, uids=uids, snapshots=snapshots)
 
 

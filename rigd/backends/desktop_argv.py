@@ -20,6 +20,9 @@ guests", choices and numbers in docs/images.md "Desktop image"):
   and a virtio keyboard (``input="usb"`` gives an xHCI with usb-tablet and
   usb-kbd instead). Both are driven by the guest's libinput.
 - The rest is the terminal rig's: the overlay is ``vda`` on virtio-blk,
+  the server's read-only tools disk is ``vdb`` (the guest agent lives there,
+  not in the image: the initramfs mounts it at ``/.rigd`` when the command
+  line says ``rigd.tools=1``),
   the agent's virtio-serial port is ``rigd.agent``, virtio-rng (entropy for
   systemd and Python), a free-page-reporting balloon (parked rigs hand RAM
   back), QMP and the serial console as unix sockets QEMU serves with
@@ -78,6 +81,7 @@ def desktop_argv(
     qmp_socket: Path,
     agent_socket: Path,
     console_socket: Path,
+    tools_disk: Path | None = None,
     width: int = 1280,
     height: int = 800,
     sandbox: bool = True,
@@ -92,9 +96,12 @@ def desktop_argv(
     """Return the argv (``argv[0] == qemu``) that boots one computer rig.
 
     ``disk_overlay`` is the rig's own qcow2 (backed by the image's
-    ``disk.qcow2``); ``cmdline_extra`` carries what the image asks for (its
-    manifest's ``cmdline``). ``width``/``height`` is the boot mode the
-    display's EDID prefers. ``tsc_khz`` defaults to the host's value;
+    ``disk.qcow2``); ``tools_disk`` (the server's tools disk: the guest agent)
+    becomes the read-only ``vdb`` and ``rigd.tools=1`` tells the initramfs to
+    mount it (an image that carries its own agent boots without one);
+    ``cmdline_extra`` carries what the image asks for (its manifest's
+    ``cmdline``). ``width``/``height`` is the boot mode the display's EDID
+    prefers. ``tsc_khz`` defaults to the host's value;
     ``incoming="defer"`` makes QEMU wait for a migration stream (warm start
     from a snapshot). ``netdev`` (a ``-netdev`` value with ``id=net0``: the
     egress gateway's tap by fd, or restricted user networking) adds a
@@ -125,7 +132,8 @@ def desktop_argv(
         "-initrd",
         str(initrd),
         "-append",
-        kernel_cmdline(tsc_khz=khz, extra=cmdline_extra, pci=True),
+        kernel_cmdline(tsc_khz=khz, extra=[*cmdline_extra, *(["rigd.tools=1"] if tools_disk else [])],
+                       pci=True),
         *monitor_and_console(qmp_socket, console_socket),
         # The display at the boot size
         "-device",
@@ -141,6 +149,12 @@ def desktop_argv(
         f"id=root,file={esc(disk_overlay)},format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
         "-device",
         "virtio-blk-pci,drive=root",
+    ]
+    if tools_disk is not None:
+        # After the root, so it is vdb (the order of the devices makes the names).
+        argv += ["-drive", f"id=tools,file={esc(tools_disk)},format=raw,if=none,readonly=on",
+                 "-device", "virtio-blk-pci,drive=tools"]
+    argv += [
         # Guest agent channel
         "-chardev",
         f"socket,id=agent,path={esc(agent_socket)},server=on,wait=off",

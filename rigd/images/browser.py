@@ -21,32 +21,21 @@ and version.
 
 from __future__ import annotations
 
-import copy
-import enum
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rigd.errors import FieldError, RigdError
 from rigd.images.assets import TerminalAssets
+from rigd.images.browser_recipe import DEFAULT_ENGINE, Engine, browser_image
 from rigd.images.cache import Log, default_cache_dir
 from rigd.images.initramfs import build_initramfs, initramfs_key
 from rigd.images.kernel import KernelAsset, build_kernel, kernel_key
 from rigd.images.pack import ensure_pack, pack_dir, run_as_root
 from rigd.images.recipes import Recipes
-from rigd.images.terminal import OciImage, build_image, find_image, load_recipe_file, read_packages
+from rigd.images.terminal import OciImage, build_image, find_image
 from rigd.images.tools import build_tools, tools_key
 
-
-class Engine(enum.StrEnum):
-    """A browser engine, named by its Debian package."""
-
-    CHROMIUM = "chromium"
-    FIREFOX_ESR = "firefox-esr"
-    WEBKIT = "webkit2gtk-driver"
-
-
-DEFAULT_ENGINE = Engine.CHROMIUM
 PACKS = "browser-packs"
 
 
@@ -59,31 +48,6 @@ def parse_engine(value: object, field: str = "engine") -> Engine:
             pass
     names = ", ".join(e.value for e in Engine)
     raise FieldError(field, f"{field} must be one of {names}, not {value!r}")
-
-
-def browser_image(r: Recipes, engine: Engine, cache_dir: Path) -> OciImage:
-    d = r.browser_dir
-    recipe = copy.deepcopy(load_recipe_file(d / "recipe.json"))
-    audio = recipe.get("audio_revision")
-    if not isinstance(audio, str) or not audio:
-        raise RigdError(f"{d / 'recipe.json'}: audio_revision must be a string", field="audio_revision")
-    engine_list = d / "engines" / f"{engine.value}.txt"
-    labels = recipe["config"].setdefault("Labels", {})
-    labels["org.opencontainers.image.title"] = f"rigd browser ({engine.value})"
-    labels["dev.rigd.engine"] = engine.value
-    labels["dev.rigd.audio"] = f"{audio}-{engine.value}"
-    return OciImage(
-        kind=f"browser-{engine.value}",
-        recipe_dir=d,
-        packages=(*read_packages(d / "packages.txt"), *read_packages(engine_list)),
-        key_files=(d / "recipe.json", d / "packages.txt", d / "customize.sh", engine_list),
-        recipe=recipe,
-        builders=("terminal", "oci", "browser"),
-        hook_args=(engine.value,),
-        title=f"rigd browser ({engine.value})",
-        debs_dir=cache_dir / "browser-debs" / engine.value,
-        key_extra=(engine.value,),
-    )
 
 
 @dataclass(frozen=True, slots=True)

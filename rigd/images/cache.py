@@ -3,7 +3,9 @@
 Every heavy output goes under ``${RIGD_CACHE_DIR:-$HOME/.cache/rigd}``, never
 in the clone. An asset lives in ``<cache>/<kind>/<key>/`` where ``key`` is a
 hash of everything that decides its bytes: the recipe files, the lock files,
-the builder modules (and for the tools disk, the agent source). Changing any
+the builder modules (and for the tools disk, the agent source) — and of
+nothing else, so that a change elsewhere (the importer, the CLI, the agent
+for an image that does not carry it) never rebuilds an image. Changing any
 of them makes a new key, so a stale asset is never served; an unchanged
 recipe finds the finished directory and the build is a no-op.
 
@@ -52,9 +54,14 @@ def repo_root() -> Path:
 
 
 def builder_sources(*modules: str) -> list[Path]:
-    """Paths of builder modules in this package (by module file stem)."""
+    """Paths of builder modules in this package (by module file stem).
+
+    A key names only the modules whose code decides an asset's bytes. This
+    module is not among them: it decides where an asset is kept and how it
+    is keyed (a change to :func:`recipe_key` changes every key by itself).
+    """
     here = Path(__file__).resolve().parent
-    return [here / f"{m}.py" for m in ("cache", *modules)]
+    return [here / f"{m}.py" for m in modules]
 
 
 def recipe_key(files: Iterable[Path], *, root: Path, extra: Iterable[str] = ()) -> str:

@@ -6,7 +6,9 @@ How this works
 pinned in ``images/desktop/kernel.lock`` (downloaded and sha256-checked by
 :mod:`rigd.images.debs`) into a plain directory — no loop mounts, no
 chroot of our own; ``images/desktop/customize.sh`` adds the user, the
-autologin, the Xorg tuning, the guest agent and its unit. Then, in Python:
+autologin, the Xorg tuning and the guest agent's unit (the agent itself is
+not in the image: it comes on the rig's tools disk, mounted at ``/.rigd`` by
+our initramfs, so that a change to it never rebuilds this image). Then, in Python:
 
 1. the image kernel's bzImage is unpacked to the ELF ``vmlinux`` (PVH boot,
    :mod:`rigd.images.vmlinux`); modules for hardware a rig never has are
@@ -42,7 +44,6 @@ real owners, which ``mke2fs -d`` copies).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -65,7 +66,7 @@ from rigd.images.cache import (
     sha256_file,
 )
 from rigd.images.ext4 import MiB, make_ext4, tree_usage
-from rigd.images.importer import (
+from rigd.images.manifest import (
     MANIFEST_NAME,
     MARKER_PATH,
     FileRef,
@@ -73,8 +74,7 @@ from rigd.images.importer import (
     ImageMarker,
     parse_manifest,
 )
-from rigd.images.recipes import Recipes
-from rigd.images.terminal import read_packages
+from rigd.images.recipes import Recipes, read_packages
 from rigd.images.vmlinux import extract_vmlinux
 
 NOT_BUILT = "desktop image not built; run `python -m rigd.images desktop`"
@@ -136,18 +136,25 @@ def load_recipe(r: Recipes) -> dict[str, Any]:
     return doc  # type: ignore[no-any-return]
 
 
-def desktop_key(r: Recipes) -> str:
-    agent, real = r.agent_source()
-    files = [
+def desktop_key_files(r: Recipes) -> list[Path]:
+    """What the image's cache key hashes: its recipe and the code that builds it, nothing else.
+
+    The guest agent is not in the image (it comes on the rig's tools disk,
+    like a terminal's), so a change to the agent, the importer or the CLI
+    never rebuilds this 700 MB image.
+    """
+    return [
         r.sources,
         r.busybox_lock,
-        agent,
         *sorted(p for p in r.desktop_dir.rglob("*") if p.is_file()),
         *builder_sources(
-            "desktop", "importer", "debs", "ext4", "initramfs", "cpio", "vmlinux", "terminal"
+            "desktop", "manifest", "recipes", "debs", "ext4", "initramfs", "cpio", "vmlinux"
         ),
     ]
-    return recipe_key(files, root=r.root, extra=[f"agent-real={real}"])
+
+
+def desktop_key(r: Recipes) -> str:
+    return recipe_key(desktop_key_files(r), root=r.root)
 
 
 def mmdebstrap_argv(
@@ -155,7 +162,6 @@ def mmdebstrap_argv(
     recipe: dict[str, Any],
     target: Path,
     kernel_deb: Path,
-    agent: Path,
     *,
     debs_in: Path,
     debs_out: Path,
@@ -179,7 +185,7 @@ def mmdebstrap_argv(
         f"--setup-hook=sync-in {debs_in} /var/cache/apt/archives/",
         '--customize-hook=chroot "$1" apt-get -qq autoclean',
         f"--customize-hook=sync-out /var/cache/apt/archives {debs_out}",
-        f'--customize-hook=sh {r.desktop_dir / "customize.sh"} "$1" {r.desktop_dir} {agent}',
+        f'--customize-hook=sh {r.desktop_dir / "customize.sh"} "$1" {r.desktop_dir}',
         recipe["suite"],
         str(target),
         str(r.sources),
@@ -265,9 +271,6 @@ def _build(r: Recipes, cache_dir: Path, out: Path, log: Log) -> None:
     if len(pins) != 1:
         raise RigdError(f"{r.desktop_kernel_lock}: must pin exactly one linux-image-* package")
     (kernel_deb,) = debs.fetch(pins, cache_dir, r.sources, log)
-    agent, real = r.agent_source()
-    if not real:
-        log(f"desktop: WARNING guest-agent/rigd_agent.py is missing; using the stand-in {agent}")
 
     tree = out / ".root"
     debs_in = cache_dir / "desktop-debs"
@@ -280,7 +283,7 @@ def _build(r: Recipes, cache_dir: Path, out: Path, log: Log) -> None:
     # costs build time.
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), INITRD="No")
     _run(
-        mmdebstrap_argv(r, recipe, tree, kernel_deb, agent, debs_in=debs_in, debs_out=debs_out),
+        mmdebstrap_argv(r, recipe, tree, kernel_deb, debs_in=debs_in, debs_out=debs_out),
         "mmdebstrap",
         env,
     )
@@ -363,10 +366,6 @@ def _build(r: Recipes, cache_dir: Path, out: Path, log: Log) -> None:
             {
                 "suite": recipe["suite"],
                 "kernel": {"release": release, "deb": pins[0].to_json(), "compressor": compressor},
-                "agent": {
-                    "source": "guest-agent/rigd_agent.py" if real else "stand-in",
-                    "sha256": hashlib.sha256(agent.read_bytes()).hexdigest(),
-                },
                 "packages": read_packages(r.desktop_dir / "packages.txt"),
                 "tree_bytes": used,
                 "ext4_apparent_bytes": raw_bytes,
@@ -427,4 +426,4 @@ def find_desktop(cache_dir: Path | None = None) -> DesktopImage:
     return _image(d)
 
 
-__all__ = ["DesktopImage", "build_desktop", "desktop_key", "find_desktop", "load_recipe"]
+__all__ = ["DesktopImage", "build_desktop", "desktop_key", "desktop_key_files", "find_desktop", "load_recipe"]

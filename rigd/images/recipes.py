@@ -5,7 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rigd.errors import RigdError
 from rigd.images.cache import repo_root
+
+
+def read_packages(path: Path) -> list[str]:
+    """A recipe's package list (``packages.txt``): one name per line, ``#`` comments."""
+    out: list[str] = []
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.append(line)
+    if not out:
+        raise RigdError(f"{path}: lists no packages")
+    return out
 
 
 @dataclass(frozen=True, slots=True)

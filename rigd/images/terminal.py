@@ -43,18 +43,7 @@ from typing import Any
 from rigd.errors import RigdError
 from rigd.images import oci
 from rigd.images.cache import READ_ONLY_MODE, Log, builder_sources, cached_build, recipe_key, remove_tree
-from rigd.images.recipes import Recipes
-
-
-def read_packages(path: Path) -> list[str]:
-    out: list[str] = []
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            out.append(line)
-    if not out:
-        raise RigdError(f"{path}: lists no packages")
-    return out
+from rigd.images.recipes import Recipes, read_packages
 
 
 def load_recipe_file(path: Path) -> dict[str, Any]:
@@ -97,7 +86,7 @@ class OciImage:
     #: The recipe, parsed (:func:`load_recipe_file`).
     recipe: dict[str, Any]
     #: Builder modules (by stem) whose source is part of the key.
-    builders: tuple[str, ...] = ("terminal", "oci")
+    builders: tuple[str, ...] = ("terminal", "oci", "recipes")
     #: Arguments after the root for ``customize.sh``.
     hook_args: tuple[str, ...] = ()
     #: The OCI title annotation.
@@ -118,9 +107,13 @@ def terminal_image(r: Recipes) -> OciImage:
     )
 
 
+def image_key_files(r: Recipes, image: OciImage) -> list[Path]:
+    """What the image's key hashes: its recipe files and the modules that build it."""
+    return [r.sources, *image.key_files, *builder_sources(*image.builders)]
+
+
 def image_key(r: Recipes, image: OciImage) -> str:
-    files = [r.sources, *image.key_files, *builder_sources(*image.builders)]
-    return recipe_key(files, root=r.root, extra=image.key_extra)
+    return recipe_key(image_key_files(r, image), root=r.root, extra=image.key_extra)
 
 
 def terminal_key(r: Recipes) -> str:

@@ -496,8 +496,8 @@ async def _serve(
     backend = terminal_backend(qemu_config, assets, make_pack, layout=layout, uids=uids,
                                snapshots=snapshots,
                                custom=functools.partial(custom_pack, data_dir, pulls))
-    desktop = desktop_backend(qemu_config, desktop_images(data_dir, config.cache_dir), layout=layout,
-                              uids=uids, snapshots=snapshots)
+    desktop = desktop_backend(qemu_config, desktop_images(data_dir, config.cache_dir), tools=assets.tools,
+                              layout=layout, uids=uids, snapshots=snapshots)
     browser = browser_backend(qemu_config, functools.partial(browser_pack, data_dir, config.cache_dir),
                               layout=layout, uids=uids, snapshots=snapshots, profiles=ProfileStore(data_dir),
                               custom=functools.partial(custom_browser_pack, data_dir, assets, pulls))

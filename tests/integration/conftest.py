@@ -21,6 +21,7 @@ fatal and never silent.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ import pytest
 from rigd.backends import evidence as rig_evidence
 from rigd.backends.desktop_argv import desktop_argv
 from rigd.cli import Client, ClientError
+from rigd.images import find_assets
 from rigd.images.desktop import DesktopImage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +61,8 @@ log = logging.getLogger("rigd.tests")
 _CLEANUP_FAILURES: list[str] = []
 #: (test id, directory) of each failed test's kept evidence.
 _KEPT: list[tuple[str, Path]] = []
+#: Shared rigs a test left unhealthy, replaced before the next test (:class:`SharedRig`).
+_REOPENED: list[str] = []
 #: Lazily made; holds one home per server data directory; removed at the end of the session.
 _HOMES_ROOT: Path | None = None
 
@@ -207,6 +211,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("rigd test artifacts (failed tests)")
         for nodeid, dest in _KEPT:
             terminalreporter.write_line(f"{nodeid}: {dest}")
+    if _REOPENED:
+        terminalreporter.section("shared rigs replaced after a test left them unhealthy")
+        for what in _REOPENED:
+            terminalreporter.write_line(what)
     if _CLEANUP_FAILURES:
         terminalreporter.section("cleanups and evidence copies that failed")
         for what in _CLEANUP_FAILURES:
@@ -216,6 +224,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if _HOMES_ROOT is not None:
         remove_tree(_HOMES_ROOT)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the controller prints the summary
+        workeroutput["rigd"] = {"kept": [[n, str(d)] for n, d in _KEPT], "reopened": _REOPENED,
+                                "cleanups": _CLEANUP_FAILURES}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """(pytest-xdist, on the controller) A worker's kept evidence, replaced rigs and failed
+    cleanups join the controller's, for the summary."""
+    got = getattr(node, "workeroutput", {}).get("rigd")
+    if got:
+        _KEPT.extend((n, Path(d)) for n, d in got["kept"])
+        _REOPENED.extend(got["reopened"])
+        _CLEANUP_FAILURES.extend(got["cleanups"])
 
 
 def qemu_pids_for(marker: str) -> list[int]:
@@ -284,7 +307,8 @@ class Server:
 
 def raw_desktop_argv(image: DesktopImage, run_dir: Path) -> list[str]:
     """A thin overlay of the desktop image in ``run_dir`` and the argv of a
-    plain TCG machine booting it (sockets in ``run_dir``), without a server."""
+    plain TCG machine booting it (sockets in ``run_dir``; the tools disk, with
+    the guest agent, as a server attaches it), without a server."""
     overlay = run_dir / "disk.qcow2"
     subprocess.run(
         ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image.disk), str(overlay)],
@@ -293,6 +317,7 @@ def raw_desktop_argv(image: DesktopImage, run_dir: Path) -> list[str]:
     return desktop_argv(
         qemu="qemu-system-x86_64", accel="tcg", memory_mb=2048, vcpus=2, disk_overlay=overlay,
         kernel=image.kernel, initrd=image.initrd, cmdline_extra=image.cmdline,
+        tools_disk=find_assets().tools,
         qmp_socket=run_dir / "qmp.sock", agent_socket=run_dir / "agent.sock",
         console_socket=run_dir / "console.sock", width=image.manifest.width,
         height=image.manifest.height,
@@ -302,18 +327,44 @@ def raw_desktop_argv(image: DesktopImage, run_dir: Path) -> list[str]:
 def make_data_dir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="rigd-test-", dir="/var/tmp"))
     os.chmod(d, 0o711)
-    rigs = d / "rigs"
-    rigs.mkdir(mode=0o711)
+    (d / "rigs").mkdir(mode=0o711)
+    _link_shared_packs(d / "rigs")
+    return d
+
+
+def _link_shared_packs(rigs: Path) -> None:
     SHARED_PACKS.mkdir(parents=True, exist_ok=True)
     os.chmod(SHARED_PACKS, 0o711)
     (rigs / "smolvm-packs").symlink_to(SHARED_PACKS)
-    # Browser packs (one per engine) where test_browser_image makes them: ensure_browser_pack(…, SHARED_PACKS).
+    # Browser packs (one per engine): ensure_browser_pack(…, SHARED_PACKS) makes them there too.
     browser_packs = SHARED_PACKS / "rigs" / "browser-packs"
     browser_packs.mkdir(parents=True, exist_ok=True)
     for shared in (browser_packs.parent, browser_packs):
         os.chmod(shared, 0o711)
     (rigs / "browser-packs").symlink_to(browser_packs)
-    return d
+
+
+def reused_data_dir(path: Path, keep_image: str | None) -> Path:
+    """``path`` as a data directory that keeps one imported image from run to run
+    (``rigs/images/<keep_image>``, with the warm-start snapshots built next to it) and
+    starts everything else afresh: databases, tokens, rigs, other imports."""
+    rigs = path / "rigs"
+    images = rigs / "images"
+    rigs.mkdir(mode=0o711, parents=True, exist_ok=True)
+    for parent, kept in ((path, "rigs"), (rigs, "images"), (images, keep_image)):
+        if not parent.is_dir():
+            continue
+        for entry in parent.iterdir():
+            if entry.name == kept:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                remove_tree(entry)
+            else:
+                entry.unlink()
+    os.chmod(path, 0o711)
+    os.chmod(rigs, 0o711)
+    _link_shared_packs(rigs)
+    return path
 
 
 def start_server(data_dir: Path, *extra: str) -> Server:
@@ -352,10 +403,11 @@ def reap(data_dir: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, *extra: str) -> Iterator[Server]:
+def serving(data_dir: Path, *extra: str, keep: bool = False) -> Iterator[Server]:
     """A server on ``data_dir`` for the block; then it is stopped, every QEMU
     naming the directory is killed by pid (a leak fails the test), and the
-    directory is removed. A failure prints the server's log."""
+    directory is removed (unless ``keep``: a :func:`reused_data_dir`). A
+    failure prints the server's log."""
     srv = start_server(data_dir, *extra)
     failed = False
     try:
@@ -368,14 +420,188 @@ def serving(data_dir: Path, *extra: str) -> Iterator[Server]:
         leaked = reap(data_dir)
         if failed or leaked:
             sys.stderr.write(srv.log()[-8000:])
-        remove_tree(data_dir)
+        if not keep:
+            remove_tree(data_dir)
         assert not leaked, f"QEMU processes outlived the server: {leaked}"
 
 
 @pytest.fixture
 def server() -> Iterator[Server]:
+    """A fresh server for the test (modules that can share one override this with
+    :func:`shared_server`, and name ``fresh_server`` where a test needs its own)."""
     with serving(make_data_dir()) as srv:
         yield srv
+
+
+@pytest.fixture
+def fresh_server() -> Iterator[Server]:
+    with serving(make_data_dir()) as srv:
+        yield srv
+
+
+# -- the shared terminal server -----------------------------------------------------------------
+
+
+class SharedServer:
+    """One ``rigd serve`` for every test of a worker that needs *a* server, not a fresh
+    one (a fresh server costs a start-up, a bootstrap and a QEMU probe). A server a test
+    left dead is replaced by a new one before the next test, saying so."""
+
+    def __init__(self, *extra: str) -> None:
+        self.extra = extra
+        self.srv: Server | None = None
+        self.stack = contextlib.ExitStack()
+
+    def get(self, nodeid: str = "") -> Server:
+        if self.srv is not None and self.srv.proc.poll() is None:
+            return self.srv
+        if self.srv is not None:
+            what = (f"the shared server ({self.srv.data_dir}) exited ({self.srv.proc.returncode}) "
+                    f"before {nodeid or 'a test'}: started a new one")
+            print(what)
+            log.warning("%s", what)
+            _REOPENED.append(what)
+        self.srv = self.stack.enter_context(serving(make_data_dir(), *self.extra))
+        return self.srv
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def open_rig_ids(srv: Server) -> set[str]:
+    """Every rig not closed in the admin's workspaces."""
+    return {r["id"] for ws in srv.call("workspace.list") for r in srv.call("rig.list", {"workspace": ws["id"]})
+            if r["phase"] != "closed"}
+
+
+@pytest.fixture(scope="session")
+def shared_servers() -> Iterator[SharedServer]:
+    shared = SharedServer()
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.fixture
+def shared_server(shared_servers: SharedServer, request: pytest.FixtureRequest) -> Iterator[Server]:
+    """The worker's shared server; the rigs a test opens on it are closed when it ends
+    (its users, workspaces and audit rows stay: tests name theirs uniquely)."""
+    srv = shared_servers.get(request.node.nodeid)
+    before = open_rig_ids(srv)
+    yield srv
+    if srv.proc.poll() is None:
+        for rig_id in open_rig_ids(srv) - before:
+            with contextlib.suppress(ClientError):
+                srv.call("rig.close", {"rigId": rig_id})
+
+
+# -- the shared desktop -------------------------------------------------------------------------
+
+#: The shared desktop server's data directory. It outlives the run (like SHARED_PACKS): the
+#: desktop image is imported once per build and its warm-start snapshot built once per image,
+#: tools disk and QEMU, so a run with a warm cache restores desktops (seconds) instead of
+#: booting them cold and snapshotting them again (minutes).
+DESKTOP_DATA = Path(os.environ.get("RIGD_TEST_DESKTOP_DATA", "/var/tmp/rigd-test-desktop"))
+#: The shape every shared desktop has: the product's default (RIGS.md limits), so one
+#: snapshot serves the API's rigs and the ones the settings page opens.
+DESKTOP_SHAPE: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def desktop_server() -> Iterator[Server]:
+    """One server for every test that needs a desktop rig (tests/conftest.py runs them all
+    on one worker). Its data directory keeps the imported image and its snapshot between
+    runs; a second run that finds the directory in use (its lock held) gets a fresh one
+    and pays the cold boot. Before it is handed out, the desktop shape has a snapshot:
+    the first open of a cold cache boots a seed rig and waits for the snapshot the server
+    builds from it, so every test opens warm."""
+    from rigd.images.cache import sha256_file
+    from rigd.images.desktop import find_desktop
+
+    built = find_desktop()  # `make images-desktop` (the test target depends on it)
+    DESKTOP_DATA.mkdir(mode=0o711, parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        lock = stack.enter_context((DESKTOP_DATA / ".lock").open("a"))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s is in use by another run: this one boots its desktops cold", DESKTOP_DATA)
+            data_dir, keep = make_data_dir(), False
+        else:
+            keep_image = f"sha256-{sha256_file(built.manifest_path)}"
+            data_dir, keep = reused_data_dir(DESKTOP_DATA / "data", keep_image), True
+        srv = stack.enter_context(serving(data_dir, keep=keep))
+        seed_desktop_snapshot(srv)
+        yield srv
+
+
+def desktop_snapshots(srv: Server) -> list[Path]:
+    return list((srv.data_dir / "rigs" / "images").glob("sha256-*/snapshots/*/snapshot.json"))
+
+
+def seed_desktop_snapshot(srv: Server, deadline_s: float = 600) -> None:
+    """Make sure the shared desktop shape has a warm-start snapshot (see :func:`desktop_server`)."""
+    if desktop_snapshots(srv):
+        return
+    t0 = time.monotonic()
+    rig = srv.call("rig.open", {"workspace": "default", "surface": "computer", **DESKTOP_SHAPE})
+    print(f"seed desktop ready in {time.monotonic() - t0:.1f} s ({rig['boot']})")
+    assert rig["phase"] == "ready", rig
+    # The first cold boot seeds a snapshot in the background (a second desktop booting
+    # for a minute or more on this 2-core host): wait for it, then close the seed.
+    deadline = time.monotonic() + deadline_s
+    while not desktop_snapshots(srv):
+        assert time.monotonic() < deadline, "no desktop snapshot was built:\n" + srv.log()[-3000:]
+        time.sleep(2)
+    srv.call("rig.close", {"rigId": rig["id"]})
+    print(f"desktop snapshot built in {time.monotonic() - t0:.1f} s")
+
+
+class SharedRig:
+    """A rig that a module's tests share (one boot for many tests). Each test asks for it
+    with :meth:`healthy`: a rig a test left failed or closed is replaced by a new one, and
+    the run says so (in the test's output and in the summary), never silently."""
+
+    def __init__(self, srv: Server, params: dict[str, Any], token: str | None = None) -> None:
+        self.srv = srv
+        self.params = params
+        self.token = token
+        self.rig: dict[str, Any] = {}
+        self.opened = 0
+
+    @property
+    def id(self) -> str:
+        return str(self.rig["id"])
+
+    def open(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        rig = self.srv.call("rig.open", self.params, token=self.token)
+        assert rig["phase"] == "ready", rig
+        self.rig = dict(rig)
+        self.opened += 1
+        print(f"shared {rig['surface']} rig {rig['id']} ready in {time.monotonic() - t0:.1f} s "
+              f"({rig.get('boot')})")
+        return self.rig
+
+    def healthy(self, nodeid: str = "") -> str:
+        """The rig's id, once it is ready or parked (a parked rig wakes at its next action)."""
+        got = self.srv.call("rig.get", {"rigId": self.id}, token=self.token)
+        if got["phase"] in ("ready", "parked"):
+            return self.id
+        what = (f"{got['surface']} rig {self.id} was {got['phase']} ({got.get('phaseDetail') or '-'}) "
+                f"before {nodeid or 'a test'}: replaced by a new one")
+        print(what)
+        log.warning("%s", what)
+        _REOPENED.append(what)
+        with contextlib.suppress(ClientError):
+            self.srv.call("rig.close", {"rigId": self.id}, token=self.token)
+        return str(self.open()["id"])
+
+    def close(self) -> None:
+        if self.rig:
+            with contextlib.suppress(ClientError):
+                self.srv.call("rig.close", {"rigId": self.id}, token=self.token)
 
 
 def open_terminal(srv: Server, **params: Any) -> dict[str, Any]:
@@ -389,6 +615,7 @@ def exec_(srv: Server, rig_id: str, token: str | None = None, **action: Any) -> 
                                      "action": {"action": "exec", **action}}, token=token))
 
 
-__all__ = ["ClientError", "Server", "TestEvidence", "cleanup_failed", "exec_", "make_data_dir",
+__all__ = ["DESKTOP_SHAPE", "ClientError", "Server", "SharedRig", "SharedServer", "TestEvidence", "cleanup_failed", "desktop_server", "exec_",
+           "make_data_dir",
            "open_terminal", "qemu_pids_for", "reap", "remove_tree", "server_home", "start_server",
            "track_server"]

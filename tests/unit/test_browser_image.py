@@ -184,7 +184,7 @@ def test_devtools_version_is_parsed_and_a_hostile_answer_refused() -> None:
 def test_oci_image_defaults_are_the_terminals(r: Recipes) -> None:
     t = terminal_image(r)
     assert isinstance(t, OciImage) and t.kind == "terminal" and t.debs_dir is None
-    assert t.builders == ("terminal", "oci") and t.hook_args == ()
+    assert t.builders == ("terminal", "oci", "recipes") and t.hook_args == ()
 
 
 def test_the_relays_reach_the_engine_only_from_the_rigs_own_port() -> None:

@@ -11,10 +11,10 @@ import pytest
 from rigd.errors import RigdError
 from rigd.images.debs import load_lock
 from rigd.images.desktop import NOT_BUILT, desktop_key, find_desktop, load_recipe, mmdebstrap_argv
-from rigd.images.importer import parse_marker
 from rigd.images.initramfs import initramfs_key
-from rigd.images.recipes import Recipes
-from rigd.images.terminal import read_packages, terminal_key
+from rigd.images.manifest import parse_marker
+from rigd.images.recipes import Recipes, read_packages
+from rigd.images.terminal import terminal_key
 
 
 @pytest.fixture
@@ -58,8 +58,7 @@ def test_kernel_is_the_pinned_generic_kernel(r: Recipes) -> None:
 def test_mmdebstrap_argv_pins_the_kernel_and_orders_the_hooks(r: Recipes, tmp_path: Path) -> None:
     deb = tmp_path / "linux-image-6.1.0-57-amd64_6.1.192-3_abc.deb"
     argv = mmdebstrap_argv(
-        r, load_recipe(r), tmp_path / "root", deb, tmp_path / "agent.py",
-        debs_in=tmp_path / "in", debs_out=tmp_path / "out",
+        r, load_recipe(r), tmp_path / "root", deb, debs_in=tmp_path / "in", debs_out=tmp_path / "out",
     )
     assert "--mode=root" in argv and "--format=directory" in argv and "--variant=minbase" in argv
     include = next(a for a in argv if a.startswith("--include="))
@@ -76,7 +75,11 @@ def test_shell_scripts_parse(r: Recipes) -> None:
 
 def test_agent_unit_gets_the_session_environment(r: Recipes) -> None:
     unit = (r.desktop_dir / "rootfs/etc/systemd/system/rigd-agent.service").read_text()
-    assert "ExecStart=/usr/bin/python3 -I /opt/rigd/rigd_agent.py --port auto" in unit
+    # The agent is the tools disk's (mounted at /.rigd by the initramfs), run by the image's python3.
+    assert "ExecStart=/usr/bin/python3 -I /.rigd/agent/rigd_agent.py --port auto" in unit
+    assert "ConditionPathExists=/.rigd/agent/rigd_agent.py" in unit
+    init = (r.desktop_dir / "initramfs" / "init").read_text()
+    assert "rigd.tools=1" in init and "/dev/vdb /newroot/.rigd" in init
     assert "EnvironmentFile=/etc/rigd/session.env" in unit
     env = (r.desktop_dir / "rootfs/etc/rigd/session.env").read_text()
     assert "DISPLAY=:0" in env and "XAUTHORITY=/var/run/lightdm/root/:0" in env
