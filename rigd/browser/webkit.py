@@ -721,21 +721,32 @@ class WebKitDriver:
         """Size the window so its page is ``size`` (the window adds its own frame)."""
         want = (size.width, size.height)
         got = await self._inner()
-        for _ in range(3):
+        for _ in range(4):
             if got[:2] == want:
                 return
             iw, ih, ow, oh = got
             await self._cmd("POST", "/window/rect", {"width": size.width + (ow - iw),
                                                      "height": size.height + (oh - ih)}, timeout=30)
             # The answer can come before the X server has resized the window and the page
-            # has laid out again: wait for the page's size to change (or be right).
+            # has laid out again: wait for the page's size to change (or be right), then for
+            # it to settle — the window and the page can each be read mid-resize, and a frame
+            # measured then (outer minus inner) would aim the next try wrong (seen under load:
+            # 2240x1360 for 1280x800).
             before, moved = got, False
             with trio.move_on_after(RESIZE_WAIT_S):
                 while True:
                     got = await self._inner()
-                    if got[:2] == want or got != before:
+                    if got[:2] == want:
                         moved = True
                         break
+                    if got != before:
+                        moved = True
+                        await trio.sleep(0.1)
+                        again = await self._inner()
+                        if again == got:
+                            break
+                        got = again
+                        continue
                     await trio.sleep(0.05)
             if not moved:
                 break  # nothing changed: the window is at a floor (or stuck), another try won't move it

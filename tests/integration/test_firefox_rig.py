@@ -138,11 +138,13 @@ def test_a_person_drives_firefox_through_the_polled_live_view(firefox: World) ->
             # Every frame from here on is looked at (the repaint may come before any reply).
             end = time.monotonic() + 90
             while True:
+                assert time.monotonic() < end, "no frame showed the click's red within 90 s"
                 msg = ws.recv(timeout=max(0.1, end - time.monotonic()))
                 if isinstance(msg, str):
                     assert json.loads(msg).get("type") != "error", msg
                     continue
                 with Image.open(io.BytesIO(msg)) as img:
+                    assert img.size == (1280, 800), f"a {img.size} frame: the viewport is not the boot size"
                     red, green, _blue = img.convert("RGB").getpixel((900, 600))
                 if red > 200 > green + 150:
                     break
