@@ -17,6 +17,7 @@ help:
 	@echo "make images-browser - build the Chromium, Firefox and WebKit browser images (a server also builds them on first use)"
 	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes; MCP vs tools.call; registry pulls vs skopeo; ports: a forward vs the guest direct)"
 	@echo "make lint   - ruff and mypy --strict"
+	@echo "scripts/test-budget - where the last make test spent its time (per image step, per test module)"
 
 deps:
 	@scripts/install-deps.sh
@@ -29,19 +30,20 @@ $(BIN)/.installed: pyproject.toml
 
 venv: deps $(BIN)/.installed
 
+# Each image step's time goes to the test budget (scripts/timed; scripts/test-budget shows it).
 images: venv
-	$(BIN)/rigd images build
+	@scripts/timed terminal+kernel+tools $(BIN)/rigd images build
 
-# The computer (desktop) image: ~2 minutes cold; the desktop tests boot it.
+# The computer (desktop) image: ~2.5 minutes cold; the desktop tests boot it.
 images-desktop: venv
-	$(BIN)/python -m rigd.images desktop
+	@scripts/timed desktop $(BIN)/python -m rigd.images desktop
 
-# The browser images, one per engine (Chromium ~4-5 minutes cold, Firefox ESR ~3, WebKit ~3); the
-# browser tests boot them (a server builds an engine's image on its first rig when absent).
+# The browser images, one per engine (~2 minutes each cold); the browser tests boot them (a
+# server builds an engine's image on its first rig when absent).
 images-browser: venv
-	$(BIN)/python -m rigd.images browser --engine chromium
-	$(BIN)/python -m rigd.images browser --engine firefox-esr
-	$(BIN)/python -m rigd.images browser --engine webkit2gtk-driver
+	@scripts/timed browser-chromium $(BIN)/python -m rigd.images browser --engine chromium
+	@scripts/timed browser-firefox-esr $(BIN)/python -m rigd.images browser --engine firefox-esr
+	@scripts/timed browser-webkit $(BIN)/python -m rigd.images browser --engine webkit2gtk-driver
 
 run: images images-desktop
 	@if $(BIN)/rigd accel-probe; then accel=""; \
@@ -54,14 +56,22 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Two pytest-xdist workers: one test module (and every test of the shared desktop) per worker at
+# a time, the heaviest first (tests/conftest.py). PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --no-loadscope-reorder)
+
 unit: venv
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q $(XDIST) tests/unit
 
-integration: images
-	$(BIN)/pytest -q tests/integration
+integration: images images-desktop images-browser
+	$(BIN)/pytest -q $(XDIST) tests/integration
 
+# The run ends with the slowest 25 items and the total, then the budget: time per image step and
+# per test module, against the run before (scripts/test-budget).
 test: images images-desktop images-browser lint
-	$(BIN)/pytest -q --durations=25 tests/unit tests/integration
+	@$(BIN)/pytest -q --durations=25 $(XDIST) tests/unit tests/integration; rc=$$?; \
+	scripts/test-budget --top 0 --modules 15 || true; exit $$rc
 
 bench: images images-desktop
 	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; \

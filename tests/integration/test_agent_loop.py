@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Server, make_data_dir, serving
+from tests.integration.conftest import Server
 from tests.integration.scripted_model import (
     API_KEY,
     ScriptedEndpoint,
@@ -32,10 +32,10 @@ def endpoint_factory() -> Iterator[Callable[[list[Any]], ScriptedEndpoint]]:
         yield lambda script: stack.enter_context(scripted_endpoint(script))
 
 
-@pytest.fixture(scope="module")
-def rigd_server() -> Iterator[Server]:
-    with serving(make_data_dir()) as srv:
-        yield srv
+@pytest.fixture
+def rigd_server(shared_server: Server) -> Server:
+    """The worker's shared server (its rigs in ``default`` are closed after each test)."""
+    return shared_server
 
 
 def test_the_real_sdk_path_lists_rigs_reads_a_refusal_and_answers(

@@ -240,6 +240,12 @@ async def test_screenshots_viewport_and_full_page(driver: ChromiumDriver, site: 
     scrolled = await act(driver, action="scroll", scroll_direction="down", scroll_amount=3,
                          coordinate=[640, 400])
     assert scrolled["scrollPosition"]["y"] == 300
+    # The live lane's scaled still (BrowserDriver.still; was checked in test_browser_image's raw boot):
+    # the viewport scaled down to fit, as a JPEG of the size it says.
+    data, iw, ih = await driver.capture(max_w=640, max_h=400, quality=70)
+    assert (iw, ih) == (640, 400) and data[:2] == b"\xff\xd8"
+    with Image.open(io.BytesIO(data)) as still:
+        assert still.size == (640, 400)
 
 
 @pytest.mark.timeout(90)

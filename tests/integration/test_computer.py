@@ -1,10 +1,12 @@
 """A real computer rig under TCG, driven through ``rig.act computer_use`` and the live view.
 
-One server and one desktop rig for the module (a cold desktop takes tens of
-seconds to a few minutes under TCG); the tests run in file order and leave
-the rig in a known state for the next. Input goes through QMP; what arrived
-is read back through the guest agent (``terminal_use exec``) — files the
-typed commands wrote, exit codes of the clicked program, selections.
+One desktop rig for the module, on the run's shared desktop server (tests
+conftest ``desktop_server``: a warm start from the snapshot it keeps between
+runs); the tests run in file order and leave the rig in a known state for
+the next, and a test that leaves it unhealthy gets it replaced, saying so.
+Input goes through QMP; what arrived is read back through the guest agent
+(``terminal_use exec``) — files the typed commands wrote, exit codes of the
+clicked program, selections.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from websockets.sync.client import connect
 
 from rigd.images.desktop import find_desktop
 from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
-from tests.integration.conftest import Server, make_data_dir, remove_tree, serving
+from tests.integration.conftest import DESKTOP_SHAPE, Server, SharedRig, make_data_dir, remove_tree
 from tests.integration.mcp_clients import http_mcp, images_of, stdio_mcp, text_of
 from tests.integration.scripted_model import run_agent, scripted_endpoint, tool_call
 
@@ -47,22 +49,18 @@ AS_RIG = f"runuser -u rig -- env {SESSION} DBUS_SESSION_BUS_ADDRESS=unix:path=/r
 
 
 @pytest.fixture(scope="module")
-def desk() -> Iterator[tuple[Server, str]]:
-    find_desktop()  # built by `make images-desktop` (the test target depends on it)
-    with serving(make_data_dir()) as srv:
-        t0 = time.monotonic()
-        rig = srv.call("rig.open", {"workspace": "default", "surface": "computer",
-                                    "memoryMb": 2048, "vcpus": 2})
-        print(f"computer rig ready in {time.monotonic() - t0:.1f} s ({rig['boot']})")
-        assert rig["phase"] == "ready", rig
-        # The first cold boot seeds a warm-start snapshot in the background (a second
-        # 2 GB desktop booting for ~30 s on this 2-core host): let it finish first, so
-        # the input tests run on a guest that keeps up, and the warm test has it.
-        deadline = time.monotonic() + 300
-        while not list((srv.data_dir / "rigs" / "images").glob("sha256-*/snapshots/*/snapshot.json")):
-            assert time.monotonic() < deadline, "no desktop snapshot was built:\n" + srv.log()[-3000:]
-            time.sleep(2)
-        yield srv, rig["id"]
+def desk_rig(desktop_server: Server) -> Iterator[SharedRig]:
+    shared = SharedRig(desktop_server, {"workspace": "default", "surface": "computer", **DESKTOP_SHAPE})
+    shared.open()
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.fixture
+def desk(desk_rig: SharedRig, request: pytest.FixtureRequest) -> tuple[Server, str]:
+    return desk_rig.srv, desk_rig.healthy(request.node.nodeid)
 
 
 def act(srv: Server, rig: str, token: str | None = None, **action: Any) -> dict[str, Any]:
@@ -891,11 +889,10 @@ def test_rigd_agent_does_a_task_on_the_desktop_and_leaves_a_rig_it_did_not_open(
 
 
 def test_a_second_desktop_starts_warm_and_is_its_own_machine(desk: tuple[Server, str]) -> None:
-    """The first cold boot seeded a snapshot of the shape; the next rig is restored from it."""
-    srv, rig = desk  # the fixture waited for the snapshot
+    """The shape has a snapshot (desktop_server seeded one); the next rig is restored from it."""
+    srv, rig = desk
     t0 = time.monotonic()
-    second = srv.call("rig.open", {"workspace": "default", "surface": "computer",
-                                   "memoryMb": 2048, "vcpus": 2})
+    second = srv.call("rig.open", {"workspace": "default", "surface": "computer", **DESKTOP_SHAPE})
     took = time.monotonic() - t0
     try:
         assert second["boot"] == "warm", second

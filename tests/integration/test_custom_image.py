@@ -7,6 +7,7 @@ is ignored visibly while the built-in image boots."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import sqlite3
@@ -20,7 +21,7 @@ import pytest
 
 from rigd.images import find_assets
 from rigd.images.browser import Engine, build_browser
-from tests.integration.conftest import SHARED_PACKS, Server, exec_, make_data_dir, serving
+from tests.integration.conftest import SHARED_PACKS, ClientError, Server, exec_, make_data_dir, serving
 from tests.integration.local_registry import Entry, Layout, LocalRegistry, layer_tar, running
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -67,14 +68,23 @@ def open_in(srv: Server, workspace: str) -> dict[str, Any]:
     return settled(srv, rig["id"])
 
 
+@pytest.fixture(scope="module")
+def custom_server(registry: tuple[LocalRegistry, dict[str, str]]) -> Iterator[Server]:
+    """One server for the module's tests (the flags are the same for both)."""
+    reg, _ = registry
+    with serving(make_data_dir(), "--no-warm-starts", "--network", "none", "--insecure-registry", reg.host) as srv:
+        yield srv
+
+
 def test_a_workspace_boots_its_registry_image_and_bad_values_never_boot(
-        registry: tuple[LocalRegistry, dict[str, str]]) -> None:
+        registry: tuple[LocalRegistry, dict[str, str]], custom_server: Server) -> None:
     reg, digests = registry
     ref = f"{reg.host}/team/ubuntu-like:24.04"
     # The contract check runs at a pack's first boot: forget a pass recorded by an earlier run.
     (SHARED_PACKS / f"{digests['like'].removeprefix('sha256:')}-tools-v1" / "contract.json").unlink(missing_ok=True)
-    with serving(make_data_dir(), "--no-warm-starts", "--network", "none",
-                 "--insecure-registry", reg.host) as srv:
+    srv = custom_server
+    opened: list[str] = []
+    try:
         # Not a registry reference: refused at the field, nothing stored.
         for bad in ("/var/tmp/ubuntu.qcow2", "oci-archive:u.tar", "--privileged", "ubuntu.tar"):
             err = srv.error("workspace.settings.set", {"workspace": "default", "key": KEY, "value": bad})
@@ -83,6 +93,7 @@ def test_a_workspace_boots_its_registry_image_and_bad_values_never_boot(
         srv.call("workspace.settings.set", {"workspace": "default", "key": KEY, "value": ref})
 
         rig = open_in(srv, "default")
+        opened.append(rig["id"])
         assert rig["phase"] == "ready", rig
         assert (rig["imageRef"], rig["image"]) == (ref, digests["like"])
         shown = exec_(srv, rig["id"], argv=["cat", "/etc/os-release"])
@@ -103,6 +114,7 @@ def test_a_workspace_boots_its_registry_image_and_bad_values_never_boot(
         srv.call("workspace.settings.set", {"workspace": tiny_ws, "key": KEY,
                                             "value": f"{reg.host}/team/tiny:1"})
         failed = open_in(srv, tiny_ws)
+        opened.append(failed["id"])
         assert failed["phase"] == "failed", failed
         assert "lacks bash, git, curl, socat" in failed["failure"] and "Tiny 1" in failed["failure"], failed
 
@@ -116,11 +128,16 @@ def test_a_workspace_boots_its_registry_image_and_bad_values_never_boot(
         got = srv.call("workspace.settings.get", {"workspace": planted_ws})
         assert got["settings"][KEY] is None and "docker-archive" in got["ignored"][KEY], got
         plain = open_in(srv, planted_ws)
+        opened.append(plain["id"])
         assert plain["phase"] == "ready", plain
         assert plain["imageRef"] is None and plain["image"] == find_assets().image_digest
         assert any(KEY in n and "built-in image boots" in n for n in plain["notes"]), plain["notes"]
         built = exec_(srv, plain["id"], argv=["cat", "/etc/os-release"])
         assert built["exitCode"] == 0 and "Ubuntu" not in built["stdout"]["text"], built
+    finally:  # idle guests would only compete with the next test's boot
+        for rig_id in opened:
+            with contextlib.suppress(ClientError):
+                srv.call("rig.close", {"rigId": rig_id})
 
 
 BROWSER_KEY = "rigs.smolvm.browserImage"
@@ -170,32 +187,30 @@ def chromium_image(registry: tuple[LocalRegistry, dict[str, str]],
     return f"{reg.host}/team/chromium:1", desc["digest"]
 
 
-def test_a_workspace_boots_its_registry_chromium_image(registry: tuple[LocalRegistry, dict[str, str]],
-                                                      chromium_image: tuple[str, str]) -> None:
-    reg, _ = registry
+def test_a_workspace_boots_its_registry_chromium_image(chromium_image: tuple[str, str],
+                                                      custom_server: Server) -> None:
     ref, digest = chromium_image
     packs = SHARED_PACKS / "rigs" / "browser-packs" / f"{digest.removeprefix('sha256:')}-custom-v1-chromium"
     (packs / "contract.json").unlink(missing_ok=True)
-    with serving(make_data_dir(), "--no-warm-starts", "--network", "none",
-                 "--insecure-registry", reg.host) as srv:
-        ws = srv.call("workspace.create", {"name": "browsers"})["id"]
-        srv.call("workspace.settings.set", {"workspace": ws, "key": BROWSER_KEY, "value": ref})
-        opened = srv.call("rig.open", {"workspace": ws, "surface": "browser", "wait": False})
-        rig = settled(srv, opened["id"], 900)
-        assert rig["phase"] == "ready", rig
-        assert (rig["engine"], rig["imageRef"], rig["image"]) == ("chromium", ref, digest)
+    srv = custom_server
+    ws = srv.call("workspace.create", {"name": "browsers"})["id"]
+    srv.call("workspace.settings.set", {"workspace": ws, "key": BROWSER_KEY, "value": ref})
+    opened = srv.call("rig.open", {"workspace": ws, "surface": "browser", "wait": False})
+    rig = settled(srv, opened["id"], 900)
+    assert rig["phase"] == "ready", rig
+    assert (rig["engine"], rig["imageRef"], rig["image"]) == ("chromium", ref, digest)
 
-        def sh(command: str) -> str:
-            out = srv.call("rig.act", {"rigId": rig["id"], "tool": "terminal_use",
-                                       "action": {"action": "exec", "command": command}})
-            assert out["exitCode"] == 0, out
-            return str(out["stdout"]["text"])
+    def sh(command: str) -> str:
+        out = srv.call("rig.act", {"rigId": rig["id"], "tool": "terminal_use",
+                                   "action": {"action": "exec", "command": command}})
+        assert out["exitCode"] == 0, out
+        return str(out["stdout"]["text"])
 
-        assert 'PRETTY_NAME="Custom Chromium 1"' in sh("cat /etc/os-release")
-        # rigd added its user to the pack (the image had none), and the engine runs as it.
-        assert sh("id -u browser; stat -c %u:%a /home/browser").split() == ["1000", "1000:700"]
-        assert sh("ps -o user= -p $(cat /run/rigd-browser.pid)").strip() == "browser"
-        dom = srv.call("rig.act", {"rigId": rig["id"], "tool": "browser_use",
-                                   "action": {"action": "extract", "kind": "dom"}})
-        assert "rigd browser rig" in dom["content"]["text"], dom
-        assert json.loads((packs / "contract.json").read_text())["digest"] == digest
+    assert 'PRETTY_NAME="Custom Chromium 1"' in sh("cat /etc/os-release")
+    # rigd added its user to the pack (the image had none), and the engine runs as it.
+    assert sh("id -u browser; stat -c %u:%a /home/browser").split() == ["1000", "1000:700"]
+    assert sh("ps -o user= -p $(cat /run/rigd-browser.pid)").strip() == "browser"
+    dom = srv.call("rig.act", {"rigId": rig["id"], "tool": "browser_use",
+                               "action": {"action": "extract", "kind": "dom"}})
+    assert "rigd browser rig" in dom["content"]["text"], dom
+    assert json.loads((packs / "contract.json").read_text())["digest"] == digest

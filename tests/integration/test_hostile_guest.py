@@ -12,6 +12,14 @@ from tests.integration.conftest import Server, exec_, open_terminal
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(300)]
 
+
+@pytest.fixture
+def server(shared_server: Server) -> Server:
+    """The worker's shared server (tests/integration/conftest.py): none of these tests needs a
+    fresh one, and each one's rigs are closed when it ends."""
+    return shared_server
+
+
 # Root inside the guest kills the agent, grabs its port before PID 1 can
 # restart it, and writes random bytes, a 5 MB line without a newline, and
 # forged replies, again and again. (Python here is the image's own.)

@@ -20,7 +20,7 @@ import pytest
 from rigd.backends.microvm_argv import microvm_argv
 from rigd.images import TerminalAssets, build_all
 from rigd.images.pack import ensure_pack
-from tests.integration.conftest import TestEvidence
+from tests.integration.conftest import TestEvidence, make_data_dir, remove_tree
 
 pytestmark = [
     pytest.mark.vm,
@@ -100,9 +100,14 @@ def assets() -> TerminalAssets:
 
 
 @pytest.fixture(scope="session")
-def rootfs(assets: TerminalAssets, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data_dir = tmp_path_factory.mktemp("data")
-    return ensure_pack(assets, data_dir, lambda step: print(f"[pack] {step}"))
+def rootfs(assets: TerminalAssets) -> Iterator[Path]:
+    """The terminal image's pack, the one the servers of the run share (unpacked once per image,
+    not once per run); every boot gets a thin overlay of it."""
+    data_dir = make_data_dir()  # its rigs/smolvm-packs is the shared packs directory
+    try:
+        yield ensure_pack(assets, data_dir, lambda step: print(f"[pack] {step}"))
+    finally:
+        remove_tree(data_dir)
 
 
 @pytest.fixture

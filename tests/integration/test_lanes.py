@@ -4,6 +4,7 @@ from the tools disk, files checked by sha256 inside the guest (RIGS.md §10)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -17,16 +18,21 @@ from typing import Any
 import pytest
 
 from rigd.lane_client import LaneClient, LaneError
-from tests.integration.conftest import Server, exec_, make_data_dir, open_terminal, serving
+from tests.integration.conftest import ClientError, Server, SharedServer, exec_, open_terminal
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def term() -> Iterator[tuple[Server, str]]:
-    with serving(make_data_dir()) as srv:
-        rig = open_terminal(srv)
+def term(shared_servers: SharedServer) -> Iterator[tuple[Server, str]]:
+    """A terminal rig for the module, on the worker's shared server."""
+    srv = shared_servers.get()
+    rig = open_terminal(srv)
+    try:
         yield srv, rig["id"]
+    finally:
+        with contextlib.suppress(ClientError):
+            srv.call("rig.close", {"rigId": rig["id"]})
 
 
 def sh(srv: Server, rig: str, command: str) -> str:

@@ -4,7 +4,6 @@ as a subprocess on stdio, and the server's own ``/mcp`` over streamable HTTP. Ea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,16 +11,16 @@ import trio
 from mcp import Client
 
 from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
-from tests.integration.conftest import Server, make_data_dir, serving
+from tests.integration.conftest import Server
 from tests.integration.mcp_clients import http_mcp, stdio_mcp, text_of
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(360)]
 
 
-@pytest.fixture(scope="module")
-def shared() -> Iterator[Server]:
-    with serving(make_data_dir()) as srv:
-        yield srv
+@pytest.fixture
+def shared(shared_server: Server) -> Server:
+    """The worker's shared server."""
+    return shared_server
 
 
 async def uname_list_close(server: Server, client: Client) -> None:

@@ -2,8 +2,9 @@
 ``chromium`` (``executable_path``; never ``playwright install``) against a real
 ``rigd serve`` with real rigs under TCG.
 
-One server and one browser for the module; each test has its own browser
-context (its own cookies). Every request a page makes is recorded: all of
+One browser for the module, on the run's shared desktop server (tests
+conftest ``desktop_server``: its desktops start warm); each test has its own
+browser context (its own cookies). Every request a page makes is recorded: all of
 them go to rigd itself. Screenshots of the page are kept as test artifacts
 (``evidence.keep``).
 """
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 from playwright import sync_api as playwright_sync
 
-from tests.integration.conftest import ARTIFACTS, Server, make_data_dir, serving
+from tests.integration.conftest import ARTIFACTS, Server
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
 
@@ -60,13 +61,13 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[Site]:
+def site(desktop_server: Server) -> Iterator[Site]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: scripts/install-deps.sh installs Debian's chromium")
-    with serving(make_data_dir()) as srv, playwright_sync.sync_playwright() as p:
+    with playwright_sync.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            yield Site(srv, browser)
+            yield Site(desktop_server, browser)
         finally:
             browser.close()
 
@@ -84,16 +85,16 @@ def person(site: Site, name: str, kind: str = "person", member: bool = False) ->
     return str(site.srv.call("token.create", {"user": user["id"]})["token"])
 
 
-def exec_text(srv: Server, rig: str, command: str) -> dict[str, Any]:
+def exec_text(srv: Server, rig: str, command: str, token: str | None = None) -> dict[str, Any]:
     return dict(srv.call("rig.act", {"rigId": rig, "tool": "terminal_use",
                                      "action": {"action": "exec", "command": command, "timeoutS": 60,
-                                                "user": "root"}}))
+                                                "user": "root"}}, token=token))
 
 
-def wait_exec(srv: Server, rig: str, command: str, deadline_s: float = 120) -> str:
+def wait_exec(srv: Server, rig: str, command: str, deadline_s: float = 120, token: str | None = None) -> str:
     end = time.monotonic() + deadline_s
     while True:
-        out = exec_text(srv, rig, command)
+        out = exec_text(srv, rig, command, token)
         if out["exitCode"] == 0:
             return str(out["stdout"]["text"])
         assert time.monotonic() < end, f"{command!r} never succeeded: {out}"
@@ -323,10 +324,12 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
 
 
     srv = site.srv
+    # A person of the workspace (not the admin): the clipboard grants checked below are theirs alone.
+    token = person(site, "desk-person", member=True)
     ctx = site.context()
     ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=srv.url)
     page = ctx.new_page()
-    sign_in(page, srv.token)
+    sign_in(page, token)
     page.locator("#rigs-title").wait_for()
     rig = open_from_page(page, "computer")
     page.locator(f"#rigs-body tr[data-rig={rig}]").get_by_role("link", name=f"Open the tab of {rig}").click()
@@ -334,7 +337,7 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
     page.wait_for_function("() => Number(document.querySelector('#screen')?.dataset.frames || 0) >= 1",
                            timeout=120_000)
     # The desktop is drawn (not a blank canvas), and the page is kept as an artifact.
-    wait_exec(srv, rig, f"{SESSION} xdotool search --class xfce4-panel")
+    wait_exec(srv, rig, f"{SESSION} xdotool search --class xfce4-panel", token=token)
     deadline = time.monotonic() + 60
     while canvas_variance(page) < 50:
         assert time.monotonic() < deadline, "the canvas never showed the desktop"
@@ -347,12 +350,13 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
     _shot(page, "desktop-control")
 
     # Click the panel's terminal launcher through the canvas (the hypervisor path).
-    x, y = terminal_launcher(srv, rig)
+    x, y = terminal_launcher(srv, rig, token)
     click_guest(page, x, y)
-    wait_exec(srv, rig, f"{SESSION} xdotool getactivewindow getwindowname | grep -E '^Terminal'")
+    wait_exec(srv, rig, f"{SESSION} xdotool getactivewindow getwindowname | grep -E '^Terminal'",
+              token=token)
     page.keyboard.type("echo viewed-$((6*7)) > ~/view.txt")
     page.keyboard.press("Enter")
-    assert wait_exec(srv, rig, "cat /home/rig/view.txt").strip() == "viewed-42"
+    assert wait_exec(srv, rig, "cat /home/rig/view.txt", token=token).strip() == "viewed-42"
 
     # Drop a file onto the view: it lands in ~/Drops, with a progress bar.
     box = page.locator("#screen").bounding_box()
@@ -364,19 +368,20 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
                                               clientX: at.x, clientY: at.y}));
     }""", {"x": box["x"] + box["width"] / 2, "y": box["y"] + box["height"] / 2})
     page.get_by_text("Saved /home/rig/Drops/dropped.txt").wait_for(timeout=60_000)
-    assert exec_text(srv, rig, "cat /home/rig/Drops/dropped.txt")["stdout"]["text"] == "dropped through the page\n"
+    assert exec_text(srv, rig, "cat /home/rig/Drops/dropped.txt", token)["stdout"]["text"] == \
+        "dropped through the page\n"
     rows = srv.call("rig.log", {"rigId": rig, "beforeSeq": 2**53 - 1, "limit": 20})
     drop = next(r for r in rows if r["verb"] == "drop_files")
     assert abs(drop["args"]["x"] - 640) <= 2 and abs(drop["args"]["y"] - 400) <= 2  # the centre, in guest pixels
 
     # Copy rig → host asks first (the default): allow for ten minutes, and the text comes out.
-    LaneClient(srv.url, srv.token, timeout=60).clip_set(rig, b"copied out of the rig", "text/plain; charset=utf-8")
+    LaneClient(srv.url, token, timeout=60).clip_set(rig, b"copied out of the rig", "text/plain; charset=utf-8")
     page.get_by_role("button", name="Copy from rig").click()
     page.get_by_role("dialog").get_by_text("Copy the rig's clipboard to this computer?").wait_for()
     page.get_by_role("button", name="Allow for ten minutes").click()
     assert page.get_by_label("Copied from the rig").input_value(timeout=UI_MS) == "copied out of the rig"
     assert page.evaluate("navigator.clipboard.readText()") == "copied out of the rig"
-    policy = srv.call("clipboard.policy.get")
+    policy = srv.call("clipboard.policy.get", token=token)
     assert [g["rigId"] for g in policy["grants"]] == [rig]
 
     # Typed text is masked in the audit log the page shows.
@@ -400,12 +405,12 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
 SESSION = "DISPLAY=:0 XAUTHORITY=/home/rig/.Xauthority"
 
 
-def terminal_launcher(srv: Server, rig: str) -> tuple[int, int]:
+def terminal_launcher(srv: Server, rig: str, token: str | None = None) -> tuple[int, int]:
     """Where the bottom panel's terminal launcher is: XFCE's default dock (show desktop,
     a separator, then the terminal emulator) sits centred at the bottom; its window's
     geometry comes from the guest, the launcher's place in it from the default layout."""
     out = wait_exec(srv, rig, f"for w in $({SESSION} xdotool search --onlyvisible --class xfce4-panel); do "
-                              f"{SESSION} xdotool getwindowgeometry --shell $w; done")
+                              f"{SESSION} xdotool getwindowgeometry --shell $w; done", token=token)
     panels = []
     for block in out.split("WINDOW=")[1:]:
         v = dict(line.split("=", 1) for line in block.strip().splitlines()[1:] if "=" in line)

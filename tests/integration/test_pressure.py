@@ -15,6 +15,14 @@ from tests.integration.conftest import Server, exec_, open_terminal
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(300)]
 
 
+@pytest.fixture
+def server(shared_server: Server) -> Server:
+    """The worker's shared server (tests/integration/conftest.py): none of these tests needs a
+    fresh one, and each one's rigs are closed when it ends."""
+    return shared_server
+
+
+
 def wait_phase(server: Server, rig_id: str, phase: str, within: float) -> dict[str, Any]:
     deadline = time.monotonic() + within
     while True:
@@ -82,7 +90,7 @@ def test_person_control_refuses_an_agent_exec_but_not_observation(server: Server
     assert "a person is driving" in err["message"]
     # Observations still work for the agent.
     listed = server.call("rig.list", {"workspace": "default"}, token=bot)
-    assert listed[0]["controller"]["kind"] == "person"
+    assert next(r for r in listed if r["id"] == rig["id"])["controller"]["kind"] == "person"
     assert server.call("rig.watch", {"rigId": rig["id"]}, token=bot)["phase"] == "ready"
     tool = server.call("tools.call", {"workspace": "default", "conversation": "c", "name": "rig_list",
                                       "arguments": {}}, token=bot)
@@ -93,7 +101,9 @@ def test_person_control_refuses_an_agent_exec_but_not_observation(server: Server
     assert exec_(server, rig["id"], token=bot, argv=["true"])["exitCode"] == 0
 
 
-def test_tiny_memory_budget_evicts_lru_and_refuses_when_pinned(server: Server) -> None:
+def test_tiny_memory_budget_evicts_lru_and_refuses_when_pinned(fresh_server: Server) -> None:
+    # Its own server: it changes the server-wide budget, and eviction would pick other tests' rigs.
+    server = fresh_server
     a = open_terminal(server)
     b = open_terminal(server)
     exec_(server, b["id"], argv=["true"])  # b is now more recently used than a

@@ -19,6 +19,14 @@ from tests.integration.conftest import REPO, Server, open_terminal
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(300)]
 
 
+@pytest.fixture
+def server(shared_server: Server) -> Server:
+    """The worker's shared server (tests/integration/conftest.py): none of these tests needs a
+    fresh one, and each one's rigs are closed when it ends."""
+    return shared_server
+
+
+
 def ws_url(server: Server, path: str) -> str:
     return server.url.replace("http://", "ws://") + path
 
@@ -27,7 +35,8 @@ def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_admin_token_and_server_json(server: Server) -> None:
+def test_admin_token_and_server_json(fresh_server: Server) -> None:
+    server = fresh_server  # what a new server's data directory holds: its own
     assert (server.data_dir / "admin.token").stat().st_mode & 0o777 == 0o600
     assert json.loads((server.data_dir / "server.json").read_text())["url"] == server.url
     assert [w["name"] for w in server.call("workspace.list")] == ["default"]

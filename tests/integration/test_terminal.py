@@ -15,6 +15,14 @@ from tests.integration.conftest import Server, exec_, open_terminal
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(300)]
 
 
+@pytest.fixture
+def server(shared_server: Server) -> Server:
+    """The worker's shared server (tests/integration/conftest.py): none of these tests needs a
+    fresh one, and each one's rigs are closed when it ends."""
+    return shared_server
+
+
+
 def text(stream: dict[str, object]) -> str:
     assert stream["untrusted"] is True
     return str(stream["text"])
