@@ -424,6 +424,8 @@ class BrowserDriver:
                 self.page = page
                 if self.profile is not None:
                     await self._restore_profile(page, self.profile)
+                elif isinstance(page, ChromiumDriver):
+                    await self._start_page_shown(page)
                 task_status.started()
                 async with trio.open_nursery() as watch:
                     async def ended(what: Awaitable[str]) -> None:
@@ -448,6 +450,24 @@ class BrowserDriver:
         raise BackendError(f"{self.engine.value}: {reason or 'the DevTools connection ended'}",
                            console=self.machine.console_tail(1024))
 
+    @property
+    def _open_s(self) -> float:
+        return DEVTOOLS_OPEN_S[self.machine.config.accel]
+
+    async def _start_page_shown(self, page: ChromiumDriver) -> None:
+        """Wait until the first tab shows its start page: Chromium answers DevTools before that
+        tab has committed its first navigation, and on a loaded TCG host a rig could be ready
+        on an empty document (seen: an extract right after the open read ``url ''``). A page
+        that never loads is not fatal (the agent can navigate): it is logged."""
+        with trio.move_on_after(DEVTOOLS_OPEN_S[self.machine.config.accel]):
+            while True:
+                with contextlib.suppress(CDPError):
+                    where = await page._eval("[location.protocol, document.readyState]", timeout=10)
+                    if where == ["file:", "complete"]:
+                        return
+                await trio.sleep(0.1)
+        self.machine.log.warning("the start page did not load before the rig was handed out")
+
     @asynccontextmanager
     async def _connect(self, stream: trio.abc.Stream,
                        path: str) -> AsyncIterator[tuple[EngineConnection, PageDriver]]:
@@ -467,13 +487,14 @@ class BrowserDriver:
         if self.firefox:
             # BiDi, with the guest-side authority as Host (the remote agent checks it).
             url = f"ws://127.0.0.1:{GUEST_DEVTOOLS_PORT}{path}"
-            async with (open_cdp(url, stream=stream, log=self.machine.log, protocol=BiDiProtocol()) as conn,
+            async with (open_cdp(url, stream=stream, log=self.machine.log, protocol=BiDiProtocol(),
+                                 open_timeout=self._open_s) as conn,
                         open_firefox(conn, viewport=self.viewport) as firefox):
                 self.browser = f"Firefox/{firefox.version}"
                 yield conn, firefox
             return
         url = f"ws://127.0.0.1:{RELAY_PORT}{path}"
-        async with (open_cdp(url, stream=stream, log=self.machine.log) as conn,
+        async with (open_cdp(url, stream=stream, log=self.machine.log, open_timeout=self._open_s) as conn,
                     open_chromium(conn, viewport=self.viewport) as chromium):
             self.browser = self.version.browser if self.version is not None else "Chromium"
             yield conn, chromium
@@ -758,6 +779,9 @@ class BrowserDriver:
 #: A browser's cold boot: the agent's deadline plus the engine's start (Chromium
 #: under TCG on 2 shared cores: see docs/images.md, "Browser image").
 ENGINE_START_S = {Accel.TCG: 180.0, Accel.KVM: 60.0, Accel.HVF: 60.0}
+#: How long the engine may take to answer the DevTools/BiDi WebSocket's opening handshake. A
+#: cold Firefox's remote agent loads its modules first: over 10 s under TCG on a loaded host.
+DEVTOOLS_OPEN_S = {Accel.TCG: 90.0, Accel.KVM: 15.0, Accel.HVF: 15.0}
 
 
 @dataclass(frozen=True, slots=True)
