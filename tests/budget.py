@@ -34,6 +34,8 @@ class Budget:
         row = self.items.setdefault(report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0,
                                                     "outcome": "passed"})
         row[report.when] = round(row[report.when] + report.duration, 3)
+        if report.when == "setup":
+            row["start"] = round(getattr(report, "start", 0.0), 2)  # epoch seconds: a timeline
         if report.failed:
             row["outcome"] = "failed"
         elif report.skipped and row["outcome"] == "passed":

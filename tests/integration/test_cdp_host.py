@@ -229,7 +229,12 @@ async def test_screenshots_viewport_and_full_page(driver: ChromiumDriver, site: 
     # The page is as wide as the viewport less its scrollbar, and as tall as its content.
     width = await driver._eval("document.documentElement.clientWidth")
     full = await act(driver, action="screenshot", full_page=True)
-    sizes = await driver._eval("[innerWidth, innerHeight, document.documentElement.clientWidth]")
+    # A screenshot is an observation: the viewport is as it was. (The renderer lays the page out
+    # again after the capture's own override is cleared, a moment later under load: wait for it.)
+    with trio.move_on_after(10):
+        while (sizes := await driver._eval("[innerWidth, innerHeight, document.documentElement.clientWidth]")) \
+                != [1280, 800, width]:
+            await trio.sleep(0.1)
     assert sizes == [1280, 800, width], "a screenshot is an observation: the viewport is as it was"
     assert full["pageSize"] == {"width": width, "height": 3000} and 1200 < width <= 1280
     image = Image.open(io.BytesIO(base64.b64decode(full["image"]["data"])))

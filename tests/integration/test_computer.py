@@ -92,6 +92,18 @@ def active_window(srv: Server, rig: str, name_re: str) -> None:
     wait_for(srv, rig, f"{SESSION} xdotool getactivewindow getwindowname | grep -E {name_re!r}")
 
 
+#: The newest terminal's shell: xfce4-terminal shows (and focuses) its window before it has spawned
+#: the shell on its pty, and keys it gets before then can be lost (a typed command never ran
+#: on a loaded host, its window active).
+TERMINAL_SHELL = "pgrep -u rig -n -x bash -P \"$(pgrep -d, -u rig -x xfce4-terminal)\""
+
+
+def terminal_ready(srv: Server, rig: str) -> None:
+    """A terminal window is the active one and its shell runs (typed keys reach the shell)."""
+    active_window(srv, rig, "^Terminal")
+    wait_for(srv, rig, TERMINAL_SHELL)
+
+
 def test_rig_is_a_desktop_not_a_terminal(desk: tuple[Server, str]) -> None:
     srv, rig = desk
     got = srv.call("rig.get", {"rigId": rig})
@@ -173,7 +185,7 @@ def test_typing_into_a_terminal_window_runs_the_command(desk: tuple[Server, str]
     srv, rig = desk
     sh(srv, rig, f"{AS_RIG} setsid -f xfce4-terminal --disable-server --geometry 80x24+100+100 "
                  ">/dev/null 2>&1")
-    active_window(srv, rig, "^Terminal")
+    terminal_ready(srv, rig)
     typed = act(srv, rig, action="type", text="echo rig-$((6*7)) > ~/out.txt")
     assert typed == {"characters": 29, "dropped": 0, "via": "keys"}
     act(srv, rig, action="key", text="Return")
@@ -195,7 +207,7 @@ def test_typing_never_touches_the_clipboard_and_newline_is_enter(desk: tuple[Ser
     srv, rig = desk
     act(srv, rig, action="clipboard_write", text="copied by a person")
     sh(srv, rig, "rm -f /home/rig/t.txt")
-    active_window(srv, rig, "^Terminal")
+    terminal_ready(srv, rig)
     typed = act(srv, rig, action="type", text="echo héllo wörld > ~/t.txt\n")
     assert typed["via"] == "keys+keymap"
     assert wait_for(srv, rig, "test -s /home/rig/t.txt && cat /home/rig/t.txt") == "héllo wörld\n"
@@ -652,7 +664,7 @@ def test_anthropic_actions_open_a_terminal_and_type_a_command(desk: tuple[Server
     # XFCE's own shortcut for a terminal (xfsettingsd's grab sees the key as any key).
     opened = vendor(srv, rig, "anthropic", action="key", text="ctrl+alt+t")
     assert opened["isError"] is False and "key: done" in text(opened), opened
-    active_window(srv, rig, "^Terminal")
+    terminal_ready(srv, rig)
     for step in ({"action": "type", "text": "echo anthropic-$((6*7)) > ~/anthropic.txt"},
                  {"action": "key", "text": "Return"}):
         out = vendor(srv, rig, "anthropic", **step)
@@ -681,7 +693,7 @@ def test_openai_computer_actions_in_one_call_type_a_command(desk: tuple[Server, 
     opened = vendor(srv, rig, "openai-computer", actions=[{"type": "keypress", "keys": ["CTRL", "ALT", "T"]},
                                                           {"type": "wait"}])
     assert opened["isError"] is False, opened
-    active_window(srv, rig, "^Terminal")
+    terminal_ready(srv, rig)
     cx, cy = active_window_centre(srv, rig)
     out = vendor(srv, rig, "openai-computer", actions=[
         {"type": "click", "button": "left", "x": cx, "y": cy},
@@ -852,7 +864,7 @@ def test_rigd_agent_does_a_task_on_the_desktop_and_leaves_a_rig_it_did_not_open(
     fresh_terminal_gone(srv, rig)
     sh(srv, rig, "rm -f /home/rig/agent.txt")
     wait_terminal = ("for i in $(seq 120); do xdotool getactivewindow getwindowname | grep -q ^Terminal "
-                     "&& exit 0; sleep 1; done; exit 1")
+                     f"&& {TERMINAL_SHELL} >/dev/null && exit 0; sleep 1; done; exit 1")
     steps: list[Any] = [
         {"content": "Opening a terminal.", "tool_calls": [
             tool_call("c1", "computer_use", {"action": "screenshot", "rigId": rig}),

@@ -306,7 +306,11 @@ def readable_code(dest: Path) -> Path:
     for src, name in ((REPO / "rigd", "rigd"), (REPO / "netgate", "netgate"),
                       (REPO / "guest-agent", "guest-agent"), (REPO / "images", "images"),
                       (site, "site-packages")):
-        subprocess.run(["cp", "-a", str(src), str(dest / name)], check=True)
+        # Hard links where the checkout shares the data directory's file system (400 MB of
+        # site-packages, not copied each run); a copy where it does not.
+        if subprocess.run(["cp", "-al", str(src), str(dest / name)], capture_output=True).returncode != 0:
+            shutil.rmtree(dest / name, ignore_errors=True)
+            subprocess.run(["cp", "-a", str(src), str(dest / name)], check=True)
     subprocess.run(["chmod", "-R", "a+rX", str(dest)], check=True)
     return dest
 

@@ -354,6 +354,8 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
     click_guest(page, x, y)
     wait_exec(srv, rig, f"{SESSION} xdotool getactivewindow getwindowname | grep -E '^Terminal'",
               token=token)
+    # ... and its shell runs: the window is active before the shell is on its pty.
+    wait_exec(srv, rig, "pgrep -u rig -n -x bash -P \"$(pgrep -d, -u rig -x xfce4-terminal)\"", token=token)
     page.keyboard.type("echo viewed-$((6*7)) > ~/view.txt")
     page.keyboard.press("Enter")
     assert wait_exec(srv, rig, "cat /home/rig/view.txt", token=token).strip() == "viewed-42"
