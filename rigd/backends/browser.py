@@ -495,7 +495,7 @@ class BrowserDriver:
             return
         url = f"ws://127.0.0.1:{RELAY_PORT}{path}"
         async with (open_cdp(url, stream=stream, log=self.machine.log, open_timeout=self._open_s) as conn,
-                    open_chromium(conn, viewport=self.viewport) as chromium):
+                    open_chromium(conn, viewport=self.viewport, first_tab_s=self._open_s) as chromium):
             self.browser = self.version.browser if self.version is not None else "Chromium"
             yield conn, chromium
 

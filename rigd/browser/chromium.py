@@ -971,24 +971,36 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
     return jpeg_size(data, "Page.captureScreenshot")
 
 
-async def _page_target(conn: CDPConnection) -> str:
-    """The first page target, or a new blank one."""
+#: How often :func:`_page_target` asks again for the browser's first tab.
+PAGE_TARGET_POLL_S = 0.1
+
+
+async def _page_target(conn: CDPConnection, wait_s: float) -> str:
+    """The browser's first page target, waited for up to ``wait_s``: Chromium answers DevTools
+    before it has made the tab its command line asked for (seen on a loaded TCG host: a blank
+    tab made here was driven while the start page loaded in another). A browser that shows
+    no tab by then gets a new blank one."""
     def targets(f: Fields) -> list[str]:
         return [t.string("targetId", 128) for t in f.objs("targetInfos", 1000)
                 if t.string("type", 64) == "page"]
 
-    found = await conn.call("Target.getTargets", None, targets)
-    if found:
-        return found[0]
+    with trio.move_on_after(wait_s):
+        while True:
+            found = await conn.call("Target.getTargets", None, targets)
+            if found:
+                return found[0]
+            await trio.sleep(PAGE_TARGET_POLL_S)
     return await conn.call("Target.createTarget", {"url": "about:blank"},
                            lambda f: f.string("targetId", 128))
 
 
 @contextlib.asynccontextmanager
 async def open_chromium(conn: CDPConnection, *, viewport: Display = BOOT_VIEWPORT,
-                        target_id: str | None = None) -> AsyncIterator[ChromiumDriver]:
-    """A driver on ``target_id`` (default: the browser's first page), with its dialog task running."""
-    tid = target_id or await _page_target(conn)
+                        target_id: str | None = None,
+                        first_tab_s: float = 10) -> AsyncIterator[ChromiumDriver]:
+    """A driver on ``target_id`` (default: the browser's first page, waited for up to
+    ``first_tab_s``), with its dialog task running."""
+    tid = target_id or await _page_target(conn, first_tab_s)
     page = await conn.attach(tid)
     console = page.open_subscription({"Runtime.consoleAPICalled", "Runtime.exceptionThrown"},
                                      limit=CONSOLE_KEEP)

@@ -202,3 +202,57 @@ async def test_a_profile_is_read_and_put_back_over_cdp(rig: tuple[ChromiumDriver
     assert json.dumps(state.storage) in script["source"] and "location.origin" in script["source"]
     # The first tab is the caller's to navigate; the rest open in the background.
     assert sent["Target.createTarget"] == [{"url": "https://other.test/x", "background": True}]
+
+
+@pytest.mark.timeout(10)
+async def test_the_driver_waits_for_the_browsers_own_first_tab() -> None:
+    """Chromium answers DevTools before it has made the tab its command line asked for: the
+    driver waits for that tab instead of making (and driving) a blank one of its own."""
+    fake = FakeTransport()
+    conn = CDPConnection(fake, default_timeout=5)
+    browser = Browser(fake)
+    asked = 0
+
+    async def no_tab_yet(fake: FakeTransport, cmd: dict[str, Any]) -> bool:
+        nonlocal asked
+        asked += 1
+        tabs = [{"targetId": "START", "type": "page"}] if asked >= 3 else [
+            {"targetId": "W1", "type": "service_worker"}]
+        await fake.reply(cmd, {"targetInfos": tabs})
+        return True
+
+    browser.handlers["Target.getTargets"] = no_tab_yet
+    async with trio.open_nursery() as nursery:
+        await nursery.start(conn.run)
+        nursery.start_soon(browser.run)
+        async with open_chromium(conn) as driver:
+            assert driver.target_id == "START"
+        nursery.cancel_scope.cancel()
+    assert asked == 3
+    assert "Target.createTarget" not in browser.seen
+
+
+@pytest.mark.timeout(10)
+async def test_a_browser_without_a_tab_gets_a_blank_one_after_the_wait() -> None:
+    fake = FakeTransport()
+    conn = CDPConnection(fake, default_timeout=5)
+    browser = Browser(fake)
+
+    async def none(fake: FakeTransport, cmd: dict[str, Any]) -> bool:
+        await fake.reply(cmd, {"targetInfos": []})
+        return True
+
+    async def create(fake: FakeTransport, cmd: dict[str, Any]) -> bool:
+        assert cmd["params"] == {"url": "about:blank"}
+        await fake.reply(cmd, {"targetId": "NEW"})
+        return True
+
+    browser.handlers["Target.getTargets"] = none
+    browser.handlers["Target.createTarget"] = create
+    async with trio.open_nursery() as nursery:
+        await nursery.start(conn.run)
+        nursery.start_soon(browser.run)
+        async with open_chromium(conn, first_tab_s=0.3) as driver:
+            assert driver.target_id == "NEW"
+        nursery.cancel_scope.cancel()
+    assert browser.seen.count("Target.getTargets") >= 2
