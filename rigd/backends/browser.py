@@ -45,7 +45,7 @@ from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
 from rigd.backends.smolvm import CustomPack, check_contract, rig_argv
 from rigd.backends.warm import SnapshotService
 from rigd.browser.cdp import open_cdp
-from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, open_chromium
+from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, PageError, open_chromium
 from rigd.browser.firefox import open_firefox, user_js
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import CLIPBOARD_MAX_BYTES, PageDriver
@@ -60,6 +60,7 @@ from rigd.model import Engine as ApiEngine
 from rigd.protocols.bidi import BiDiProtocol
 from rigd.protocols.cdp import CDPError
 from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_cast_frame, parse_version
+from rigd.verbs import browser as bv
 from rigd.verbs import is_observation, parse_action
 
 if TYPE_CHECKING:
@@ -457,16 +458,47 @@ class BrowserDriver:
     async def _start_page_shown(self, page: ChromiumDriver) -> None:
         """Wait until the first tab shows its start page: Chromium answers DevTools before that
         tab has committed its first navigation, and on a loaded TCG host a rig could be ready
-        on an empty document (seen: an extract right after the open read ``url ''``). A page
-        that never loads is not fatal (the agent can navigate): it is logged."""
-        with trio.move_on_after(DEVTOOLS_OPEN_S[self.machine.config.accel]):
+        on an empty document (seen: an extract right after the open read ``url ''``). A tab
+        still without it after a third of the DevTools wait is sent there, saying what it
+        showed, its tabs and the engine's log; a page that never loads is not fatal (the
+        agent can navigate): it is logged."""
+        wait_s = DEVTOOLS_OPEN_S[self.machine.config.accel] / 3
+        where = await self._on_start_page(page, wait_s)
+        if where is True:
+            return
+        tabs: object = None
+        with contextlib.suppress(CDPError):
+            got = await page.conn.send("Target.getTargets", timeout=10)
+            tabs = [(t.get("type"), str(t.get("url"))[:100]) for t in got.get("targetInfos", [])
+                    if isinstance(t, dict)]
+        _code, log_tail, _err = await self._sh(f"tail -c 1500 {LOG_FILE}", 10)
+        self.machine.log.warning("the start page had not loaded: the tab is sent there", extra={
+            "last": str(where)[:300], "tabs": str(tabs)[:600],
+            "engine_log": log_tail.decode(errors="replace")[-1500:]})
+        if self.profile_dir is not None:
+            with contextlib.suppress(CDPError, PageError):
+                await page.perform(bv.BrowserNavigate(url=f"file://{self.profile_dir}/start.html"))
+            where = await self._on_start_page(page, wait_s)
+            if where is True:
+                return
+        self.machine.log.warning("the start page did not load before the rig was handed out",
+                                 extra={"last": str(where)[:300]})
+
+    @staticmethod
+    async def _on_start_page(page: ChromiumDriver, wait_s: float) -> object:
+        """True once ``page`` shows a loaded ``file:`` document within ``wait_s``; else what
+        it showed last (its URL and ready state, or the error reading them)."""
+        where: object = None
+        with trio.move_on_after(wait_s):
             while True:
-                with contextlib.suppress(CDPError):
-                    where = await page._eval("[location.protocol, document.readyState]", timeout=10)
-                    if where == ["file:", "complete"]:
-                        return
+                try:
+                    where = await page._eval("[location.href, document.readyState]", timeout=10)
+                except CDPError as exc:
+                    where = f"{type(exc).__name__}: {exc}"
+                if isinstance(where, list) and str(where[0]).startswith("file:") and where[1] == "complete":
+                    return True
                 await trio.sleep(0.1)
-        self.machine.log.warning("the start page did not load before the rig was handed out")
+        return where
 
     @asynccontextmanager
     async def _connect(self, stream: trio.abc.Stream,
