@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,23 @@ def budget_dir() -> Path:
     return Path(os.environ.get("RIGD_TEST_ARTIFACTS") or REPO / "test-artifacts") / "budget"
 
 
+def host_probe() -> float:
+    """Seconds one core takes for a fixed piece of pure-Python and zlib work, measured before
+    the workers start: the same suite has taken 12.6 and 18 minutes on this kind of machine
+    hours apart, so a run's figures are read beside its host's speed."""
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(5_000_000):
+        total += i * i % 7
+    zlib.compress(bytes(range(256)) * 40_000, 6)
+    return round(time.perf_counter() - t0, 3)
+
+
 class Budget:
     def __init__(self) -> None:
         self.started = time.time()
         self.items: dict[str, dict[str, Any]] = {}
+        self.probe_s = host_probe()
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -53,7 +67,7 @@ class Budget:
         try:
             out.mkdir(parents=True, exist_ok=True)
             doc = {"started": self.started, "wallS": round(time.time() - self.started, 1),
-                   "exitStatus": int(exitstatus), "items": self.items}
+                   "exitStatus": int(exitstatus), "hostProbeS": self.probe_s, "items": self.items}
             tmp = out / "tests.json.tmp"
             tmp.write_text(json.dumps(doc, indent=0, sort_keys=True) + "\n")
             if (out / "tests.json").exists():  # the previous run, to compare against

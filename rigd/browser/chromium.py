@@ -762,13 +762,21 @@ class ChromiumDriver:
                 # 15 px wider) until the metrics change; clearing and setting them again
                 # puts the page back as it was (a screenshot is an observation), once the
                 # renderer has laid it out again.
+                # Under load the renderer may take both commands before it lays out, see no
+                # change and keep the page as it was captured: then the metrics go through a
+                # size one pixel narrower first, which forces the layout.
                 with trio.CancelScope(shield=True), contextlib.suppress(CDPError):
                     await self.page.send("Emulation.clearDeviceMetricsOverride")
-                    await self._set_metrics(self.viewport)
-                    with trio.move_on_after(2):
-                        # No event says "laid out again": poll the layout width.
-                        while await self._eval(_LAYOUT_WIDTH) != layout_width:  # noqa: ASYNC110
-                            await trio.sleep(0.02)
+                    for attempt in range(3):
+                        if attempt:
+                            await self._set_metrics(Display(vw - 1, vh))
+                        await self._set_metrics(self.viewport)
+                        with trio.move_on_after(2):
+                            # No event says "laid out again": poll the layout width.
+                            while await self._eval(_LAYOUT_WIDTH) != layout_width:  # noqa: ASYNC110
+                                await trio.sleep(0.02)
+                        if await self._eval(_LAYOUT_WIDTH) == layout_width:
+                            break
         iw, ih = _jpeg_size(data)
         out: dict[str, Any] = {
             "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
