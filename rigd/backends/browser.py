@@ -48,7 +48,7 @@ from rigd.browser.cdp import open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, PageError, open_chromium
 from rigd.browser.firefox import open_firefox, user_js
 from rigd.browser.live_input import PointerState
-from rigd.browser.page import CLIPBOARD_MAX_BYTES, PageDriver
+from rigd.browser.page import CLIPBOARD_MAX_BYTES, TCG_TITLE_FACTOR, TITLE_TIMEOUT_S, PageDriver
 from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
 from rigd.browser.webdriver import WebDriverConnection
 from rigd.browser.webkit import MINIBROWSER, MINIBROWSER_GTK_CSS, open_webkit
@@ -422,6 +422,8 @@ class BrowserDriver:
         reason: str | None = None
         try:
             async with self._connect(stream, path) as (conn, page):
+                if self.machine.config.accel is Accel.TCG:
+                    page.title_timeout_s = TITLE_TIMEOUT_S * TCG_TITLE_FACTOR
                 self.page = page
                 if self.profile is not None:
                     await self._restore_profile(page, self.profile)

@@ -307,6 +307,7 @@ class ChromiumDriver:
         self.button_down = False
         #: How long a navigation may take to answer and then to load.
         self.load_timeout_s = LOAD_TIMEOUT_S
+        self.title_timeout_s = TITLE_TIMEOUT_S
         self._console_sub = console
         self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
         self._console_dropped = 0
@@ -450,7 +451,7 @@ class ChromiumDriver:
         title = entry.title
         with contextlib.suppress(CDPError):
             got = await self._eval(f"document.title.substring(0, {TITLE_MAX_CHARS})",
-                                   timeout=TITLE_TIMEOUT_S)
+                                   timeout=self.title_timeout_s)
             if isinstance(got, str):
                 title = got
         return {"url": entry.url[:8192], "title": _text_json(title[:TITLE_MAX_CHARS], 4096)}

@@ -301,6 +301,7 @@ class FirefoxDriver:
         self.pointer: tuple[int, int] = (0, 0)
         self.button_down = False
         self.load_timeout_s = LOAD_TIMEOUT_S
+        self.title_timeout_s = TITLE_TIMEOUT_S
         self._events = events
         self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
         self._console_dropped = 0
@@ -374,7 +375,7 @@ class FirefoxDriver:
         url = await self._url()
         title = ""
         with contextlib.suppress(CDPError):
-            got = await self._script(TITLE, timeout=TITLE_TIMEOUT_S)
+            got = await self._script(TITLE, timeout=self.title_timeout_s)
             if isinstance(got, str):
                 title = got
         return {"url": url[:8192], "title": text_json(title[:TITLE_MAX_CHARS], 4096)}

@@ -55,8 +55,12 @@ IMAGE_MAX_BYTES = 24 * 1024 * 1024
 #: Text kept from the page's title, and from a clipboard read.
 TITLE_MAX_CHARS = 1000
 CLIPBOARD_MAX_BYTES = 64 * 1024
-#: How long the document's title may take before the browser's copy is used.
+#: How long the document's title may take before the browser's copy is used (or, where the
+#: protocol has none, an empty title): a driver's ``title_timeout_s``, which a rig under TCG
+#: multiplies by :data:`TCG_TITLE_FACTOR` (a loaded TCG host took longer than 2 s to answer a
+#: title script in Firefox right after a load).
 TITLE_TIMEOUT_S = 2.0
+TCG_TITLE_FACTOR = 5
 WAIT_FOR_POLL_S = 0.1
 #: The isolated world (Chromium) or sandbox (BiDi) rigd's scripts run in.
 WORLD_NAME = "rigd"
@@ -377,6 +381,7 @@ class PageDriver(Protocol):
     """One engine's driver of the rig's page, as :class:`rigd.backends.browser.BrowserDriver` uses it."""
 
     viewport: Display
+    title_timeout_s: float
     pointer: tuple[int, int]
     button_down: bool
 
