@@ -27,8 +27,8 @@ def budget_dir() -> Path:
 
 def host_probe() -> float:
     """Seconds one core takes for a fixed piece of pure-Python and zlib work, measured before
-    the workers start: the same suite has taken 12.6 and 18 minutes on this kind of machine
-    hours apart, so a run's figures are read beside its host's speed."""
+    the workers start: the same suite has taken 12.6 to 18 minutes on this kind of machine,
+    so a run's figures are read beside its host's speed."""
     t0 = time.perf_counter()
     total = 0
     for i in range(5_000_000):
