@@ -98,6 +98,15 @@ class Guest:
     def py(self, code: str) -> str:
         return self.sh("python3 - 2>&1", stdin=code)[1]
 
+    def py_at_once(self, *codes: str) -> list[str]:
+        """Run probe scripts side by side (each waits out its own timeouts; the waits overlap)."""
+        script = "".join(f"python3 - >/tmp/probe{i} 2>&1 <<'PROBE{i}' &\n{code}\nPROBE{i}\n"
+                         for i, code in enumerate(codes))
+        script += "wait\n" + "".join(f"cat /tmp/probe{i}; echo '@@probe@@'\n" for i in range(len(codes)))
+        out = self.sh(script)[1].split("@@probe@@\n")
+        assert len(out) == len(codes) + 1, out
+        return out[:-1]
+
 
 UDP_DNS = ("import socket,struct\n"
            "q=struct.pack('!6H',7,256,1,0,0,0)+b'\\x07allowed\\x04test\\x00'+struct.pack('!2H',1,1)\n"
@@ -129,9 +138,12 @@ def escape_table(call: Call, world: FakeInternet, loopback: socket.socket, title
     rig = call("rig.open", {"workspace": "default", "surface": "terminal",
                             "egress": {"allow": ALLOW, "defaults": False}})
     rows: list[tuple[str, bool, str]] = []
+    last = [time.monotonic()]
 
     def row(what: str, ok: bool, seen: str) -> None:
-        rows.append((what, ok, " ".join(seen.split())[:100]))
+        now = time.monotonic()
+        rows.append((what, ok, f"{now - last[0]:5.1f}s " + " ".join(seen.split())[:100]))
+        last[0] = now
 
     net = rig["network"]
     row("the rig says network.mode == 'user' (and the sandbox note)",
@@ -186,17 +198,23 @@ def escape_table(call: Call, world: FakeInternet, loopback: socket.socket, title
         out += " | LISTENER GOT A CONNECTION"
     row(f"the host's loopback (127.0.0.1:{port} via 10.0.2.2) -> unreachable",
         "CONNECTED" not in out and "LISTENER" not in out, out)
-    out = g.py(UDP_DNS.format(dsts=["10.0.2.3", "10.0.2.100", FOREIGN_DNS], port=53))
-    row("DNS over UDP (slirp's 10.0.2.3, the gate, a foreign server) -> no answer", "ANSWERED" not in out, out)
-    out = g.py(UDP_DNS.format(dsts=["192.0.2.10"], port=9999))
-    row("other UDP (a UDP sink) -> dropped", "ANSWERED" not in out, out)
-    out = g.py(ICMP.format(dsts=["10.0.2.2"]))
-    row("control: ICMP echo to slirp itself -> answered by slirp (the probe works)", "REPLY" in out, out)
-    out = g.py(ICMP.format(dsts=["192.0.2.10", FOREIGN_DNS]))
-    row("ICMP echo to the internet -> dropped", "REPLY" not in out and "no reply" in out, out)
+    # The probes that can only end in a timeout run side by side (one probe per destination).
     g.sh("B=/.rigd/bin/busybox; $B ip -6 addr add fec0::15/64 dev eth0; $B ip -6 route add default via fec0::2")
-    out = g.py(TCP.format(targets=[("2001:db8::10", 80), ("fec0::2", 80)]))
-    row("IPv6 (with an address and a route in the guest) -> dropped", "CONNECTED" not in out, out)
+    probes = [UDP_DNS.format(dsts=[dst], port=53) for dst in ("10.0.2.3", "10.0.2.100", FOREIGN_DNS)]
+    probes += [UDP_DNS.format(dsts=["192.0.2.10"], port=9999), ICMP.format(dsts=["10.0.2.2"])]
+    probes += [ICMP.format(dsts=[dst]) for dst in ("192.0.2.10", FOREIGN_DNS)]
+    probes += [TCP.format(targets=[target]) for target in (("2001:db8::10", 80), ("fec0::2", 80))]
+    got = g.py_at_once(*probes)
+    out = " ".join(got[0:3])
+    row("DNS over UDP (slirp's 10.0.2.3, the gate, a foreign server) -> no answer",
+        "ANSWERED" not in out and out.count("no answer") == 3, out)
+    row("other UDP (a UDP sink) -> dropped", "ANSWERED" not in got[3] and "no answer" in got[3], got[3])
+    row("control: ICMP echo to slirp itself -> answered by slirp (the probe works)", "REPLY" in got[4], got[4])
+    out = " ".join(got[5:7])
+    row("ICMP echo to the internet -> dropped", "REPLY" not in out and out.count("no reply") == 2, out)
+    out = " ".join(got[7:9])
+    row("IPv6 (with an address and a route in the guest) -> dropped",
+        "CONNECTED" not in out and out.count(" 80 ") == 2, out)
     code, out = g.curl("http://internal.test/")
     row("allowed name resolving to 10.x -> refused", "403" in out and "private" in out, out)
     code, out = g.curl("http://metadata.test/")

@@ -4,6 +4,7 @@ idle reaping, watching, control, the memory budget, and the event stream."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -39,30 +40,42 @@ def agent_token(server: Server, name: str = "bot") -> str:
     return str(server.call("token.create", {"user": user["id"]})["token"])
 
 
-def test_idle_parks_exec_wakes_then_twice_idle_closes(server: Server) -> None:
+def test_idle_parks_exec_wakes_then_twice_idle_closes_and_a_watched_rig_never_parks(server: Server) -> None:
+    # Two rigs with the same 10 s idle time, side by side (the waits are the idle timer's own):
+    # nobody acts on the first, so it parks and later closes; the second is only watched
+    # (rig.watch every 2 s) for as long, and never parks.
     rig = open_terminal(server, idleS=10)
-    exec_(server, rig["id"], command="echo kept > /root/file; (sleep 100000 &) ; true")
-    parked = wait_phase(server, rig["id"], "parked", within=20)
-    assert "without an action" in parked["phaseDetail"]
-    out = exec_(server, rig["id"], command="cat /root/file; pgrep -c -f 'sleep 100000'")
-    assert out["stdout"]["text"] == "kept\n1\n"
-    woken = server.call("rig.get", {"rigId": rig["id"]})
-    assert woken["phase"] == "ready" and woken["phaseDetail"] == "woken by an action"
-    started = time.monotonic()
-    closed = wait_phase(server, rig["id"], "closed", within=40)
-    assert closed["closeReason"] == "idleTimeout"
-    assert 15 <= time.monotonic() - started <= 40
-    assert not (server.data_dir / "rigs" / "run" / f"{rig['id']}.qcow2").exists()
+    watched_rig = open_terminal(server, idleS=10)
+    watched: list[str] = []
+    stop = threading.Event()
 
+    def watch() -> None:
+        while not stop.is_set():
+            watched.append(server.call("rig.watch", {"rigId": watched_rig["id"]})["phase"])
+            stop.wait(2)
 
-def test_a_watched_rig_never_parks(server: Server) -> None:
-    rig = open_terminal(server, idleS=10)
-    until = time.monotonic() + 25
-    while time.monotonic() < until:
-        watched = server.call("rig.watch", {"rigId": rig["id"]})
-        assert watched["phase"] == "ready"
-        time.sleep(2)
-    got = server.call("rig.get", {"rigId": rig["id"]})
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    watch_started = time.monotonic()
+    try:
+        exec_(server, rig["id"], command="echo kept > /root/file; (sleep 100000 &) ; true")
+        parked = wait_phase(server, rig["id"], "parked", within=20)
+        assert "without an action" in parked["phaseDetail"]
+        out = exec_(server, rig["id"], command="cat /root/file; pgrep -c -f 'sleep 100000'")
+        assert out["stdout"]["text"] == "kept\n1\n"
+        woken = server.call("rig.get", {"rigId": rig["id"]})
+        assert woken["phase"] == "ready" and woken["phaseDetail"] == "woken by an action"
+        started = time.monotonic()
+        closed = wait_phase(server, rig["id"], "closed", within=40)
+        assert closed["closeReason"] == "idleTimeout"
+        assert 15 <= time.monotonic() - started <= 40
+        assert not (server.data_dir / "rigs" / "run" / f"{rig['id']}.qcow2").exists()
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
+    assert time.monotonic() - watch_started >= 25  # 2.5 idle times with no action, only watching
+    assert watched and set(watched) == {"ready"}, watched
+    got = server.call("rig.get", {"rigId": watched_rig["id"]})
     assert got["phase"] == "ready" and "someone is watching" in got["pins"]
 
 
