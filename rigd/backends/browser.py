@@ -849,8 +849,13 @@ class BrowserRecipe:
                         rig_dir=at.rig_dir, overlay=at.overlay, mac=mac, incoming=incoming, tap_fd=tap_fd,
                         extra_ports=[(DEVTOOLS_PORT_NAME, at.rig_dir / DEVTOOLS_SOCKET)])
 
+    #: A standby point: never a running engine (a clone would share its in-process random
+    #: state: docs/decisions.md); each restored rig starts its own engine.
+    snapshot_at_hello: bool = True
+
     def warm_eligible(self, spec: MachineSpec) -> bool:
-        return False  # not until a snapshot with a running engine is measured (docs/images.md)
+        # As for terminals, a custom image (a pack an admin can replace) boots cold.
+        return self.custom is None
 
     def warm_shape(self, spec: MachineSpec) -> tuple[list[str], dict[str, Any]]:
         boot = self.assets.boot

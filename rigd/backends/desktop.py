@@ -160,6 +160,9 @@ class DesktopRecipe:
             **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
         )
 
+    #: The snapshot holds the running X session (a desktop has no per-rig secret state in it).
+    snapshot_at_hello: bool = False
+
     def warm_eligible(self, spec: MachineSpec) -> bool:
         """Warm starts for the usual shape: the server's accelerator, the image's boot mode."""
         return (spec.accel in (None, self.config.accel)

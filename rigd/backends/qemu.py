@@ -266,8 +266,10 @@ class QemuMachine:
         self.guest = GuestConnection(stream, log=self.log)
         await self._nursery.start(self.guest.run)
 
-    async def boot(self, progress: Callable[[str], None], *, personalize: bool = True) -> None:
-        """Cold boot: the kernel starts from scratch; returns when the surface is ready."""
+    async def boot(self, progress: Callable[[str], None], *, personalize: bool = True,
+                   surface: bool = True) -> None:
+        """Cold boot: the kernel starts from scratch; returns when the surface is ready
+        (``surface=False``: once the agent answers, for a standby snapshot)."""
         started = trio.current_time()
         await self._start_qemu()
         with trio.move_on_after(self.boot_deadline) as deadline:
@@ -281,6 +283,8 @@ class QemuMachine:
                 f"the guest agent did not come up within {int(self.boot_deadline)} s",
                 console=self.console_tail(2048),
             )
+        if not surface:
+            return
         left = self.boot_deadline - (trio.current_time() - started)
         await self.driver.ready(progress, warm=False, left_s=left)
 
@@ -304,7 +308,9 @@ class QemuMachine:
         if self._exited.is_set():
             raise BackendError(f"QEMU exited while restoring: {self._death_reason()}")
         self.info = dataclasses.replace(self.info, boot="warm")
-        await self.driver.ready(progress, warm=True, left_s=self.boot_deadline)
+        # From a standby point the surface starts as after a cold boot (``warm`` tells a driver
+        # that its surface is already running).
+        await self.driver.ready(progress, warm=not self.recipe.snapshot_at_hello, left_s=self.boot_deadline)
 
     async def _restore(self, progress: Callable[[str], None], snapshot: Snapshot) -> None:
         await self._connect()

@@ -123,6 +123,13 @@ class BootRecipe(Protocol):
         """Whether a rig of this spec may start from (and seed) a memory snapshot."""
         ...
 
+    @property
+    def snapshot_at_hello(self) -> bool:
+        """Where this shape's snapshot is taken. True: a standby point, once the agent answers
+        hello and before the surface's own start (a browser's engine), which every restored
+        machine then runs itself; False: once the surface is ready (a desktop's X session)."""
+        ...
+
     def warm_shape(self, spec: MachineSpec) -> tuple[list[str], dict[str, Any]]:
         """The argv of this shape at :data:`PLACEHOLDER_PATHS`, and the assets' identity."""
         ...

@@ -118,6 +118,9 @@ class TerminalRecipe:
                         rig_dir=at.rig_dir, overlay=at.overlay, mac=mac, incoming=incoming,
                         tap_fd=tap_fd, extra_ports=ports_channel(at.rig_dir))
 
+    #: A terminal has nothing to start past the agent's hello.
+    snapshot_at_hello: bool = True
+
     def warm_eligible(self, spec: MachineSpec) -> bool:
         # A custom image's snapshot would be keyed by a pack an admin can replace at any
         # time (image.rm, a new tag): custom images boot cold.

@@ -177,7 +177,7 @@ class SnapshotService:
                         on_started=functools.partial(_write_pidfile, pidfile),
                     ) as machine,
                 ):
-                    await machine.boot(_no_progress, personalize=False)
+                    await machine.boot(_no_progress, personalize=False, surface=not recipe.snapshot_at_hello)
                     boot_s = time.monotonic() - t0
                     sent = await machine.save(tmp / "memory.zst")
                 snap = await trio.to_thread.run_sync(

@@ -26,9 +26,11 @@ from PIL import Image
 from websockets.sync.client import connect
 
 from netgate.testing import DEFAULT_SITES, FakeInternet, Site
-from rigd.images.browser import Engine, build_browser
+from rigd.backends.snapshot import rig_machine_id
+from rigd.images.browser import Engine, browser_pack_dir, build_browser, find_browser
 from rigd.lane_client import LaneClient
 from tests.integration.conftest import Server, make_data_dir, serving
+from tests.integration.test_warm_start import wait_snapshot
 
 pytestmark = [
     pytest.mark.vm,
@@ -436,12 +438,20 @@ def test_a_profile_keeps_cookies_storage_and_the_open_tab_across_rigs(browser: W
     saved = list((srv.data_dir / "profiles").glob("*/chromium/main.rprof"))
     assert len(saved) == 1 and saved[0].stat().st_mode & 0o777 == 0o600
     assert b"visits" not in saved[0].read_bytes() and b"across rigs" not in saved[0].read_bytes()
+    # The first cold open seeded the engine's standby snapshot (booted, agent up, no engine):
+    # the second rig restores it and starts an engine of its own.
+    wait_snapshot(browser_pack_dir(srv.data_dir, find_browser(Engine.CHROMIUM)) / "rootfs.img")
     t0 = time.monotonic()
     second = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c2",
                                    "egress": {"allow": ["pages.test"]}, "profile": "main"})
-    print(f"second rig (profile restored) ready in {time.monotonic() - t0:.1f} s")
+    print(f"second rig (standby snapshot, profile restored) ready in {time.monotonic() - t0:.1f} s")
     try:
         assert second["phase"] == "ready" and second["id"] != rig and second["profile"] == "main"
+        assert second["boot"] == "warm", second
+        # Made unique at restore (the snapshot's machine-id is no rig's), and its engine started after.
+        assert sh(srv, second["id"], "cat /etc/machine-id").strip() == rig_machine_id(second["id"])
+        assert int(sh(srv, second["id"], "ps -o etimes= -p $(cat /run/rigd-browser.pid)")) <= \
+            time.monotonic() - t0 + 5
         # The tab the first rig had open is open again.
         assert act(srv, second["id"], action="extract", kind="dom")["url"] == f"{SITE}/person.html"
         act(srv, second["id"], action="navigate", url=f"{SITE}/show.html")
