@@ -302,6 +302,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
 def cmd_mcp(args: argparse.Namespace) -> int:
     """``rigd mcp``: the agent tools as an MCP server on stdio (stdout is the protocol)."""
     from rigd import mcp
+    from rigd.errors import FieldError
     from rigd.logs import setup
 
     if args.token_file:
@@ -310,9 +311,15 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ClientError(f"cannot read the token file {args.token_file}: {exc}") from exc
     client = Client.from_args(args)
+    workspace = args.workspace
+    if workspace is None:  # the token user's default: 'default', else their only workspace
+        try:
+            workspace = mcp.default_workspace(client.call("workspace.list"), field="--workspace")
+        except FieldError as exc:
+            raise ClientError(f"--workspace {exc.reason}") from exc
     setup(args.log_level)  # a StreamHandler on stderr: nothing but MCP goes to stdout
     with contextlib.suppress(KeyboardInterrupt):
-        mcp.run(client.call, args.workspace, args.conversation or mcp.default_conversation())
+        mcp.run(client.call, workspace, args.conversation or mcp.default_conversation())
     return 0
 
 
@@ -492,17 +499,52 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
-    from rigd.ports.tls import load_dev_ca, tls_dir
+    """The dev CA of the server this CLI talks to (``--url``, ``RIGD_URL``, ``<dataDir>/server.json``),
+    fetched from its ``GET /ca.pem`` and checked against ``server.info``'s fingerprint. Nothing
+    is made on this side: a CA is the server's."""
+    import hashlib
+    import ssl
 
-    data_dir = Path(args.data_dir) if args.data_dir else _default_data_dir()
-    ca, reason = load_dev_ca(tls_dir(data_dir))
-    if ca is None:
-        raise ClientError(f"no dev CA: {reason}")
-    sys.stdout.write(ca.ca_pem)
+    try:
+        client: Client | None = Client.from_args(args)
+    except ClientError as exc:
+        if "no token" not in str(exc):
+            raise
+        client = None
+    url = (client.url if client is not None else
+           (args.url or os.environ.get("RIGD_URL") or "").rstrip("/"))
+    if not url:
+        raise ClientError("no server URL: pass --url, set RIGD_URL, or start `rigd serve`")
+    try:
+        with urllib.request.urlopen(url + "/ca.pem", timeout=30) as resp:  # noqa: S310 - the operator's server
+            pem = resp.read(64 * 1024).decode("ascii")
+    except urllib.error.HTTPError as exc:
+        with exc:
+            try:
+                message = json.loads(exc.read())["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {exc.code}"
+        raise ClientError(f"{url} has no dev CA to give: {message}") from exc
+    except (urllib.error.URLError, OSError, UnicodeDecodeError) as exc:
+        raise ClientError(f"cannot fetch the dev CA from {url}: {exc}") from exc
+    try:
+        der = ssl.PEM_cert_to_DER_cert(pem)
+    except ValueError as exc:
+        raise ClientError(f"{url}/ca.pem is not a PEM certificate") from exc
+    fingerprint = ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
+    checked = "not checked against server.info (no token)"
+    if client is not None:
+        said = client.call("server.info").get("devCaFingerprint")
+        if said != fingerprint:
+            raise ClientError(f"{url}/ca.pem has SHA256 {fingerprint} but server.info says {said}: "
+                              "not printed")
+        checked = "matches server.info"
+    sys.stdout.write(pem)
     sys.stdout.flush()
-    print(f"rigd: this CA signs only *.test and *.localhost (SHA256 {ca.fingerprint}); trust it on "
-          f"Debian/Ubuntu with `sudo cp {ca.ca_path} /usr/local/share/ca-certificates/rigd-dev.crt && "
-          f"sudo update-ca-certificates`, or for curl alone with `--cacert {ca.ca_path}`", file=sys.stderr)
+    print(f"rigd: the dev CA of {url} (SHA256 {fingerprint}, {checked}); it signs only *.test and "
+          f"*.localhost. Trust it on Debian/Ubuntu with `rigd ca > rigd-dev.crt && sudo cp rigd-dev.crt "
+          f"/usr/local/share/ca-certificates/ && sudo update-ca-certificates`, or for curl alone with "
+          f"`--cacert rigd-dev.crt`", file=sys.stderr)
     return 0
 
 
@@ -618,7 +660,8 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("mcp", help="serve the agent tools over MCP on stdio (for MCP clients)")
     client_opts(sp)
     sp.add_argument("--token-file", help="read the bearer token from this file (instead of --token)")
-    sp.add_argument("--workspace", default="default", help="the workspace the tools act in")
+    sp.add_argument("--workspace", help="the workspace the tools act in (default: the token user's "
+                                        "workspace named 'default', else their only one)")
     sp.add_argument("--conversation",
                     help="the conversation whose rigs the tools reuse (default: one of this process's own)")
     sp.add_argument("--log-level", default="warning", help="log level on stderr (default warning)")
@@ -674,9 +717,9 @@ def parser() -> argparse.ArgumentParser:
     irm.add_argument("ref", help="the reference it was pulled as, or its digest")
     irm.set_defaults(fn=cmd_images_rm)
 
-    sp = sub.add_parser("ca", help="print the dev-domain CA certificate (PEM) to trust for https://*.test "
-                                   "and *.localhost (made when absent; never the key)")
-    sp.add_argument("--data-dir", help="the server's data directory")
+    sp = sub.add_parser("ca", help="print the dev-domain CA certificate (PEM) of the server this CLI "
+                                   "talks to, to trust for https://*.test and *.localhost (never the key)")
+    client_opts(sp)
     sp.set_defaults(fn=cmd_ca)
 
     sp = sub.add_parser("accel-probe", help="boot once to see whether an accelerator works")

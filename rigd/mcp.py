@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
 import hashlib
 import json
 import logging
@@ -348,8 +349,23 @@ def _server(bridge_for: BridgeFor, instructions: str) -> Server[Any]:
                            params: types.CallToolRequestParams) -> types.CallToolResult:
         return await bridge_for(ctx).call_tool(params.name, params.arguments)
 
-    return Server("rigd", version=__version__, instructions=instructions,
-                  on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    return _RigdServer("rigd", version=__version__, instructions=instructions,
+                       on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+
+class _RigdServer(Server[Any]):
+    """A Server whose ``initialize`` instructions name the workspace of the request that opened
+    the session (:data:`_WHERE`, set by :class:`HttpEndpoint`; the session's task is started from
+    that request's task and inherits its context), else the instructions it was made with."""
+
+    @property
+    def instructions(self) -> str | None:
+        where = _WHERE.get()
+        return _instructions(where) if where is not None else self._default_instructions
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        self._default_instructions = value
 
 
 def _instructions(where: str) -> str:
@@ -450,7 +466,8 @@ def build_http_server() -> Server[Any]:
         target = target_of(ctx)
         return Bridge(target.rpc, target.workspace, target.conversation)
 
-    return _server(bridge_for, _instructions(f"the workspace named by {WORKSPACE_HEADER}"))
+    return _server(bridge_for, _instructions(f"the workspace named by {WORKSPACE_HEADER} (else the "
+                                             "token user's default)"))
 
 
 class Refused(Exception):
@@ -491,16 +508,36 @@ def _named(scope: ASGIScope, query: dict[str, list[str]], header: str, param: st
     return None
 
 
-def workspace_of(scope: ASGIScope, query: dict[str, list[str]]) -> str:
+def workspace_of(scope: ASGIScope, query: dict[str, list[str]]) -> str | None:
+    """The workspace the request names (header, else ``?workspace=``); None when it names none."""
     named = _named(scope, query, WORKSPACE_HEADER, "workspace")
     if named is None:
-        raise Refused(400, FieldError(
-            WORKSPACE_HEADER, f"is required: name the workspace the tools act in ({WORKSPACE_HEADER} "
-            "header, or ?workspace= on the endpoint URL)").to_json())
+        return None
     field, value = named
     if not value or len(value) > 128 or not value.isprintable():
         raise Refused(400, FieldError(field, "must be 1-128 printable characters").to_json())
     return value
+
+
+def default_workspace(workspaces: object, field: str = WORKSPACE_HEADER) -> str:
+    """The workspace a caller who named none means (``workspace.list``'s answer in): the one
+    named ``default``, else their only one; a field error naming ``field`` when that is
+    ambiguous or they have none."""
+    listed = workspaces if isinstance(workspaces, list) else []
+    names = [str(w.get("name")) for w in listed if isinstance(w, dict)]
+    if "default" in names:
+        return "default"
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise FieldError(field, "is required: this token's user is a member of no workspace")
+    shown = ", ".join(repr(n) for n in sorted(names)[:10])
+    raise FieldError(field, f"is required: this token's user is a member of several workspaces ({shown}) "
+                            "and none is named 'default'")
+
+
+#: What this request's ``initialize`` says of its workspace (instructions are per session on ``/mcp``).
+_WHERE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rigd_mcp_where", default=None)
 
 
 def conversation_of(scope: ASGIScope, query: dict[str, list[str]], user_id: str, workspace: str) -> str:
@@ -556,10 +593,13 @@ class HttpEndpoint:
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         try:
             scope = await self.admit(scope)
+            body = await _read_body(scope, receive)
         except Refused as exc:
             await _refuse(send, exc)
             return
-        await self.manager.handle_request(scope, receive, send)
+        if body is None:
+            return  # the client went away
+        await self.manager.handle_request(scope, _replay(body, receive), send)
 
     async def admit(self, scope: ASGIScope) -> ASGIScope:
         """The scope the SDK gets, with the request's :class:`Target`; or :class:`Refused`."""
@@ -575,12 +615,59 @@ class HttpEndpoint:
             raise Refused(401, exc.to_json(), [(b"www-authenticate", b'Bearer realm="rigd"')]) from exc
         query = _query(scope)
         workspace = workspace_of(scope, query)
+        if workspace is None:
+            try:
+                workspace = default_workspace(await self.rpc_for(caller)("workspace.list", {}))
+            except FieldError as exc:
+                raise Refused(400, exc.to_json()) from exc
+            _WHERE.set(f"workspace {workspace!r} (this user's default: the request named none with "
+                       f"{WORKSPACE_HEADER} or ?workspace=)")
+        else:
+            _WHERE.set(f"workspace {workspace!r}")
         conversation = conversation_of(scope, query, caller.actor_id, workspace)
         target = Target(self.rpc_for(caller), workspace, conversation)
         # The SDK binds a legacy session to the identity that opened it: another token's
         # request naming its id answers 404. Only the user id is kept, never the token.
         user = AuthenticatedUser(AccessToken(token="", client_id=caller.actor_id, scopes=[]))
         return {**scope, SCOPE_KEY: target, "user": user}
+
+
+def _too_large() -> Refused:
+    return Refused(413, {"code": types.INVALID_REQUEST,
+                         "message": f"a /mcp request body is at most {MAX_BODY} bytes",
+                         "data": {"field": "body", "reason": "too large"}})
+
+
+async def _read_body(scope: ASGIScope, receive: ASGIReceive) -> bytes | None:
+    """The request body, at most :data:`MAX_BODY` bytes (else a 413 with a JSON-RPC error:
+    the SDK's own limit answers plain text); None if the client went away."""
+    declared = _header(scope, "Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise _too_large()
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if len(body) > MAX_BODY:
+            raise _too_large()
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _replay(body: bytes, receive: ASGIReceive) -> ASGIReceive:
+    """``receive`` for the SDK: the body already read, then whatever the client sends next
+    (its disconnect)."""
+    first = [True]
+
+    async def replayed() -> Any:
+        if first[0]:
+            first[0] = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 async def _refuse(send: ASGISend, exc: Refused) -> None:

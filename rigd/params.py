@@ -282,8 +282,11 @@ def parse_egress(raw: object) -> EgressParams:
 
 def port_number(params: dict[str, Any], name: str) -> int:
     """A required TCP port, 1-65535 (a field error naming ``name`` otherwise)."""
-    if params.get(name) is None:
+    value = params.get(name)
+    if value is None:
         raise FieldError(name, "is required (a port number, 1-65535)")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise FieldError(name, f"must be an integer port number, 1-65535 (not {type(value).__name__})")
     return integer(params, name, 1, 65535, 0)
 
 

@@ -106,6 +106,28 @@ def response(status: str, text: str) -> bytes:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
+#: After a refusal, what is read (and dropped) before the connection closes, so the client reads
+#: the answer instead of a reset (closing with unread bytes makes the kernel send RST).
+DRAIN_BYTES = 1024 * 1024
+DRAIN_S = 2.0
+
+
+async def refuse(stream: trio.abc.Stream, status: str, text: str) -> None:
+    """Answer ``status`` and close cleanly: the head's rest is read and dropped first (up to
+    :data:`DRAIN_BYTES` or :data:`DRAIN_S`), then the caller closes the stream."""
+    await stream.send_all(response(status, text))
+    if isinstance(stream, trio.SocketStream):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await stream.send_eof()
+    drained = 0
+    with trio.move_on_after(DRAIN_S):
+        while drained < DRAIN_BYTES:
+            data = await stream.receive_some(65536)
+            if not data:
+                break
+            drained += len(data)
+
+
 class DevServer:
     """The dev HTTP and HTTPS listeners, routing by ``Host`` through :class:`DevDomains`."""
 
@@ -163,30 +185,34 @@ class DevServer:
         head = bytearray()
         with trio.move_on_after(HEAD_TIMEOUT_S):
             while b"\r\n\r\n" not in head and len(head) <= MAX_HEAD:
-                data = await stream.receive_some(4096)
+                data = await stream.receive_some(MAX_HEAD + 1)
                 if not data:
                     return
                 head += data
         end = head.find(b"\r\n\r\n")
-        if end < 0:
-            await stream.send_all(response("431 Request Header Fields Too Large"
-                                           if len(head) > MAX_HEAD else "408 Request Timeout",
-                                           "rigd: the request head did not arrive whole"))
+        if end < 0 or end + 4 > MAX_HEAD:
+            # The head's size, whatever the reads it came in (a head and its body can arrive
+            # in one read): at most MAX_HEAD bytes up to and including its blank line.
+            if end >= 0 or len(head) > MAX_HEAD:
+                await refuse(stream, "431 Request Header Fields Too Large",
+                             f"rigd: a request head is at most {MAX_HEAD} bytes")
+            else:
+                await refuse(stream, "408 Request Timeout", "rigd: the request head did not arrive whole")
             return
         name = host_name(bytes(head[:end]))
         route = self.domains.resolve(name) if name is not None else None
         if route is None:
-            await stream.send_all(response("404 Not Found", f"rigd: no rig serves {name or 'this host'}"
-                                                            " (rig.domain.set maps one)"))
+            await refuse(stream, "404 Not Found", f"rigd: no rig serves {name or 'this host'}"
+                                                  " (rig.domain.set maps one)")
             return
         ports = self.ports_of(route.rig_id)
         if ports is None:
-            await stream.send_all(response("502 Bad Gateway", f"rigd: the rig behind {name} is not running"))
+            await refuse(stream, "502 Bad Gateway", f"rigd: the rig behind {name} is not running")
             return
         try:
             upstream = await ports.open_stream(route.guest_port)
         except (StreamRefused, MuxError, Conflict) as exc:
-            await stream.send_all(response("502 Bad Gateway", f"rigd: {name}: {exc}"))
+            await refuse(stream, "502 Bad Gateway", f"rigd: {name}: {exc}")
             return
         await upstream.send_all(bytes(head))
         await splice(stream, upstream)

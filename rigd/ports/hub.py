@@ -20,7 +20,11 @@ log = logging.getLogger("rigd.ports")
 
 class PortsHub:
     def __init__(self, *, tls: ssl.SSLContext | None, tls_problem: str | None = None,
-                 lan_allowed: bool = False, lan_host: str = "") -> None:
+                 lan_allowed: bool = False, lan_host: str = "", ca_pem: str | None = None,
+                 ca_fingerprint: str | None = None) -> None:
+        #: The dev CA's certificate (public: served at ``GET /ca.pem``) and its SHA-256.
+        self.ca_pem = ca_pem
+        self.ca_fingerprint = ca_fingerprint
         self.domains = DevDomains()
         self.rigs: dict[str, RigPorts] = {}
         self.tls = tls

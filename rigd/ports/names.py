@@ -25,6 +25,10 @@ def dev_name_problem(name: object) -> str | None:
         return f"is longer than 253 characters ({len(name)})"
     if not name.isascii():
         return "has characters outside ASCII (write an internationalised label in its xn-- form)"
+    controls = sorted({c for c in name if ord(c) < 0x20 or ord(c) == 0x7F})
+    if controls:
+        shown = ", ".join(repr(c) for c in controls)
+        return f"has control characters ({shown}): a dev name is one DNS name, a-z, 0-9, '-' and '.'"
     if name != name.lower():
         return "has upper case (dev names are lower case)"
     bad = sorted(set(name) - _ALLOWED)

@@ -31,6 +31,7 @@ import trio
 
 from rigd.errors import Conflict, NotFound, RigdError
 from rigd.images.importer import BootChoice, ImportedImage, ImportProgress, import_image
+from rigd.images.manifest import parse_manifest
 from rigd.store.util import iso, new_id
 
 log = logging.getLogger("rigd.images")
@@ -96,12 +97,32 @@ def image_entry(img: ImportedImage, boots: bool) -> dict[str, Any]:
         "bytes": m.disk.size,
         "importedAt": imported_at,
         "boots": boots,
+        "state": "imported",
     }
 
 
+#: What ``image.list`` says of a desktop build that is not imported yet.
+BUILT_NOTE = "built (make images-desktop); imported when the first desktop opens"
+
+
 def listing(choice: BootChoice) -> list[dict[str, Any]]:
-    """``image.list``: every import, the one that boots marked."""
-    return [image_entry(i, choice.boots is not None and i.dir == choice.boots.dir) for i in choice.imported]
+    """``image.list``: every import, the one that boots marked; and a desktop build in the cache
+    that is not imported yet (``state: "built"``): it is what the next rig boots, imported first."""
+    rows = [image_entry(i, choice.boots is not None and i.dir == choice.boots.dir) for i in choice.imported]
+    if choice.pending is not None:
+        path, digest = choice.pending
+        try:
+            m = parse_manifest(path.read_bytes(), str(path))
+        except (OSError, RigdError) as exc:
+            log.warning("the built desktop image's manifest is unreadable", extra={"reason": str(exc)[:200]})
+            return rows
+        rows.append({
+            "sha256": digest, "dir": str(path.parent), "surface": m.surface,
+            "guestProtocol": m.guest_protocol, "display": {"width": m.width, "height": m.height},
+            "kernelRelease": m.kernel_release,
+            "bytes": m.disk.size, "importedAt": None, "boots": True, "state": "built", "note": BUILT_NOTE,
+        })
+    return rows
 
 
 @dataclass(eq=False)

@@ -130,11 +130,34 @@ class LaneRouter:
             if self.mcp is not None and scope.get("path") in MCP_PATHS:
                 await self.mcp(scope, receive, send)
                 return
+            if scope.get("path") == CA_PATH:
+                await serve_ca(self.ctx, scope, send)
+                return
             match = LANE_PATH.fullmatch(scope.get("path", ""))
             if match is not None:
                 await serve_lane(self.ctx, match[1], match[2], scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+#: The dev CA's certificate, public (what ``rigd ca`` fetches from the server it talks to).
+CA_PATH = "/ca.pem"
+
+
+async def serve_ca(ctx: ServerContext, scope: Scope, send: Send) -> None:
+    """``GET /ca.pem``: the dev-domain CA certificate (never its key), or 404 saying why not."""
+    ports = ctx.rigs.ports
+    if scope.get("method") not in ("GET", "HEAD"):
+        await _json(send, {"error": {"code": -32600, "message": "GET /ca.pem",
+                                     "data": {"field": "method", "reason": "use GET"}}}, 405)
+    elif ports is None or ports.ca_pem is None:
+        why = (ports.tls_problem if ports is not None else None) or "this server has no dev domains"
+        await _json(send, {"error": {"code": -32004, "message": f"no dev CA: {why}",
+                                     "data": {"field": "ca", "reason": why}}}, 404)
+    else:
+        assert ports.ca_fingerprint is not None
+        await _respond(send, 200, ports.ca_pem.encode(), "application/x-pem-file",
+                       [(b"x-rigd-ca-fingerprint", ports.ca_fingerprint.encode())])
 
 
 def server_app(ctx: ServerContext, mcp: Any = None) -> LaneRouter:
@@ -214,6 +237,29 @@ class Body:
 
 async def serve_lane(ctx: ServerContext, lane: str, rig_id: str, scope: Scope, receive: Receive,
                      send: Send) -> None:
+    try:
+        await _serve_lane(ctx, lane, rig_id, scope, receive, _one_writer(send))
+    except Gone:
+        log.info("a lane client went away", extra={"rig": rig_id, "lane": lane})
+
+
+def _one_writer(send: Send) -> Send:
+    """The response's writer. When a client closes while its answer is being written,
+    hypercorn ends the connection from its own task (``send_eof`` outside its send lock), so
+    a send of ours can fail with ``BusyResourceError`` (two writers on one stream) or a
+    broken/closed stream: all of them mean the client has gone (:class:`Gone`), never an
+    error of the server's."""
+    async def guarded(message: MutableMapping[str, Any]) -> None:
+        try:
+            await send(message)
+        except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise Gone from exc
+
+    return guarded
+
+
+async def _serve_lane(ctx: ServerContext, lane: str, rig_id: str, scope: Scope, receive: Receive,
+                      send: Send) -> None:
     method = scope.get("method", "GET")
     body = Body(receive)
     try:
@@ -224,7 +270,7 @@ async def serve_lane(ctx: ServerContext, lane: str, rig_id: str, scope: Scope, r
         if lane == "files" and method == "POST":
             await drop_files(ctx, caller, rig_id, headers, query, body, send)
         elif lane == "files" and method == "GET":
-            await read_file(ctx, caller, rig_id, query, send)
+            await read_file(ctx, caller, rig_id, query, receive, send)
         elif lane == "clipboard" and method == "GET":
             await read_clipboard(ctx, caller, rig_id, query, send)
         elif lane == "clipboard" and method == "POST":
@@ -232,15 +278,10 @@ async def serve_lane(ctx: ServerContext, lane: str, rig_id: str, scope: Scope, r
         else:
             await _json(send, {"error": {"code": -32600, "message": f"{method} is not a {lane} lane method",
                                          "data": {"field": "method", "reason": "use GET or POST"}}}, 405)
-    except Gone:
-        log.info("a lane client went away", extra={"rig": rig_id, "lane": lane})
     except RigdError as exc:
         if not body.done and method == "POST" and not isinstance(exc, TooLarge):
             # A client still sending may miss an early answer; give it a moment to finish.
-            try:
-                await body.drain()
-            except Gone:
-                return
+            await body.drain()
         await _refuse(send, exc)
 
 
@@ -475,7 +516,16 @@ def content_disposition(name: str) -> str:
 
 
 async def read_file(ctx: ServerContext, caller: Caller, rig_id: str, query: dict[str, str],
-                    send: Send) -> None:
+                    receive: Receive, send: Send) -> None:
+    """A guest file as the response body, streamed as the guest reads it.
+
+    Two things a plain HTTP client cannot miss: a client that goes away stops the guest's
+    reader (its disconnect cancels the stream) and is audited ``aborted`` with the bytes
+    delivered; and a file whose bytes do not match the size and digest the guest announced
+    (it changed while it was read) never ends as a complete response: the last chunk is
+    held back until the digest is checked, so the body comes up short and the connection
+    closes.
+    """
     path = guest_path(query)
     rig = await ctx.rigs.lane_rig(caller, rig_id, "read a file", write=False)
     async with ctx.rigs.activity(rig, caller, "read a file") as machine:
@@ -484,25 +534,58 @@ async def read_file(ctx: ServerContext, caller: Caller, rig_id: str, query: dict
         outcome, error = "error", None
         started = False
         try:
-            async with lanes.read_file(path, MAX_FILE_BYTES) as src:
-                digest = base64.b64encode(bytes.fromhex(src.sha256)).decode()
-                await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-type", b"application/octet-stream"),
-                    (b"content-length", str(src.size).encode()),
-                    (b"repr-digest", f"sha-256=:{digest}:".encode()),
-                    (b"content-disposition", content_disposition(src.name).encode()),
-                    (b"cache-control", b"no-store"),
-                ]})
-                started = True
-                async for chunk in src.chunks():
-                    sent += len(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b""})
-            outcome = "ok"
+            failed: RigdError | Gone | None = None
+            delivered = finishing = False
+            async with trio.open_nursery() as nursery:
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    if not finishing:  # (a client that closes as the last bytes reach it got them all)
+                        nonlocal outcome
+                        outcome = "aborted"
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                try:
+                    async with lanes.read_file(path, MAX_FILE_BYTES) as src:
+                        digest = base64.b64encode(bytes.fromhex(src.sha256)).decode()
+                        await send({"type": "http.response.start", "status": 200, "headers": [
+                            (b"content-type", b"application/octet-stream"),
+                            (b"content-length", str(src.size).encode()),
+                            (b"repr-digest", f"sha-256=:{digest}:".encode()),
+                            (b"content-disposition", content_disposition(src.name).encode()),
+                            (b"cache-control", b"no-store"),
+                        ]})
+                        started = True
+                        held = b""
+                        async for chunk in src.chunks():  # raises at the end if the file changed
+                            if held:
+                                await send({"type": "http.response.body", "body": held, "more_body": True})
+                                sent += len(held)
+                            held = chunk
+                        finishing = True  # the digest is checked: the rest goes out whatever the client does
+                        await send({"type": "http.response.body", "body": held})
+                        sent += len(held)
+                        delivered = True
+                    outcome = "ok"
+                except (RigdError, Gone) as exc:  # raised after the nursery (not as a group)
+                    failed = exc
+                finally:
+                    nursery.cancel_scope.cancel()
+            if isinstance(failed, Gone):
+                outcome = "aborted"
+                raise failed
+            if failed is not None:
+                raise failed
+            if delivered:
+                outcome = "ok"
+            elif outcome == "aborted":
+                raise Gone
         except RigdError as exc:
             error = exc.message[:300]
             if started:
-                # Headers are gone: the short body is the client's sign; the log says why.
+                # Headers are gone: the short body (the connection closes) is the client's
+                # sign; the log and the audit say why.
                 log.warning("a file download broke off", extra={"rig": rig_id, "error": error})
                 raise Gone from exc
             raise

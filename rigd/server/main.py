@@ -436,6 +436,7 @@ async def _ports_hub(config: ServeConfig, data_dir: Path) -> PortsHub:
     """Forwards and dev domains: the dev CA is made now (a bad key file stops the server, naming it)."""
     tls = None
     problem: str | None = None
+    ca = None
     if config.dev_https_port is not None and config.dev_http_port is not None:
         ca, problem = await trio.to_thread.run_sync(load_dev_ca, tls_dir(data_dir))
         if ca is not None:
@@ -444,7 +445,9 @@ async def _ports_hub(config: ServeConfig, data_dir: Path) -> PortsHub:
         problem = "turned off (--dev-https-port none)"
     lan_allowed = config.allow_lan_ports or not is_loopback(config.host)
     return PortsHub(tls=tls, tls_problem=problem, lan_allowed=lan_allowed,
-                    lan_host=lan_address(config.host) if lan_allowed else "")
+                    lan_host=lan_address(config.host) if lan_allowed else "",
+                    ca_pem=ca.ca_pem if ca is not None else None,
+                    ca_fingerprint=ca.fingerprint if ca is not None else None)
 
 
 async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:

@@ -143,6 +143,7 @@ def build_methods(
             "devHttpPort": rigs.ports.dev_http_port if rigs.ports else None,
             "devHttpsPort": rigs.ports.dev_https_port if rigs.ports else None,
             "devHttpsProblem": rigs.ports.tls_problem if rigs.ports else None,
+            "devCaFingerprint": rigs.ports.ca_fingerprint if rigs.ports else None,
         }
 
     async def _secret_workspace(caller: Caller, params: dict[str, Any]) -> tuple[str, SecretStore]:

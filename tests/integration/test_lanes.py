@@ -96,7 +96,7 @@ def test_a_drop_lands_in_drops_checked_and_comes_back_out(term: tuple[Server, st
     drop = next(r for r in rows if r["verb"] == "drop_files")
     assert drop["args"]["count"] == 3 and drop["args"]["files"][0]["path"] == "/root/drops/big.bin"
     assert "new notes" not in json.dumps(rows) and "héllo" not in json.dumps(rows)
-    assert any(r["verb"] == "read_file" and r["args"]["bytes"] == 200 * 1024 * 1024 for r in rows)
+    assert any(r["verb"] == "read_file" and r["args"]["bytes"] == 200 * 1024 * 1024 for r in rows), [(r["outcome"], r["args"]) for r in rows if r["verb"] == "read_file"]
 
 
 def test_an_oversize_drop_and_bad_paths_are_refused(term: tuple[Server, str], tmp_path: Path) -> None:
@@ -116,6 +116,99 @@ def test_an_oversize_drop_and_bad_paths_are_refused(term: tuple[Server, str], tm
     assert status == 400 and body is not None and "absolute" in body["error"]["data"]["reason"]
     status, body = raw(srv, "GET", f"/rig/clipboard/{rig}", headers=auth)
     assert status == 404 and body is not None and "no clipboard" in body["error"]["message"]
+
+
+def test_a_refused_upload_read_and_hung_up_fifty_times_logs_no_error(term: tuple[Server, str]) -> None:
+    """A drop declared over the cap, its 413 read, the connection closed at once: the server's
+    answer and hypercorn's end of the connection used to write one stream from two tasks
+    (``BusyResourceError``, an ERROR traceback in about a quarter of tries)."""
+    srv, rig = term
+    parts = urllib.parse.urlsplit(srv.url)
+    logged = len(srv.log())
+    statuses = []
+    for _ in range(50):
+        with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+            sock.sendall((f"POST /rig/files/{rig} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {srv.token}\r\n"
+                          "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 629145600\r\n\r\n"
+                          "--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"big.bin\"\r\n\r\n").encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
+                    answer.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0]):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+            statuses.append(answer.split(b"\r\n", 1)[0])
+    assert set(statuses) == {b"HTTP/1.1 413 "}, set(statuses)
+    # (an absence: watched for two seconds after the last answer, the server logging as it goes)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        tail = srv.log()[logged:]
+        assert "ERROR" not in tail and "Traceback" not in tail, tail[-3000:]
+        time.sleep(0.2)
+
+
+def test_an_abandoned_download_stops_the_guest_reader_and_is_audited_aborted(term: tuple[Server, str]) -> None:
+    srv, rig = term
+    sh(srv, rig, "truncate -s 100M /root/big100")
+    parts = urllib.parse.urlsplit(srv.url)
+    p = base64.urlsafe_b64encode(b"/root/big100").decode().rstrip("=")
+    with socket.create_connection((parts.hostname, parts.port), timeout=120) as sock:
+        sock.sendall(f"GET /rig/files/{rig}?p={p} HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {srv.token}\r\n\r\n".encode())
+        got = 0
+        while got < (1 << 20):
+            chunk = sock.recv(65536)
+            assert chunk, "the download ended early"
+            got += len(chunk)
+    # The guest's reader lets go of the file (its descriptor closes) …
+    agent_fds = "ls -l /proc/$(cat /run/rigd-agent.pid)/fd /proc/$(cat /run/rigd-agent.pid)/task/*/fd 2>/dev/null"
+    deadline = time.monotonic() + 60
+    while "/root/big100" in sh(srv, rig, agent_fds):
+        assert time.monotonic() < deadline, "the guest still reads the file a minute after the client left"
+        time.sleep(0.5)
+    # … and the audit says what was delivered, not the file's size.
+    deadline = time.monotonic() + 30
+    while not (rows := [r for r in srv.call("rig.log", {"rigId": rig})
+                        if r["verb"] == "read_file" and r["args"].get("path") == "/root/big100"]):
+        assert time.monotonic() < deadline, "no read_file row"
+        time.sleep(0.5)
+    row = rows[-1]
+    assert row["outcome"] == "aborted", row
+    assert 0 < row["args"]["bytes"] < 100 << 20, row
+    # The bytes the guest still had in flight are dropped; the rig is none the worse.
+    assert srv.call("rig.get", {"rigId": rig})["phase"] == "ready"
+    sh(srv, rig, "rm -f /root/big100")
+
+
+def test_a_file_that_changes_while_read_never_ends_as_a_complete_200(term: tuple[Server, str]) -> None:
+    """/proc/self/status is the agent's own, so it changes between the digest pass and the
+    bytes: a client either sees an error or a body short of its Content-Length (the
+    connection closes), never a complete 200 whose Repr-Digest does not match."""
+    import http.client
+
+    srv, rig = term
+    p = base64.urlsafe_b64encode(b"/proc/self/status").decode().rstrip("=")
+    parts = urllib.parse.urlsplit(srv.url)
+    seen = []
+    for _ in range(3):
+        conn = http.client.HTTPConnection(parts.netloc, timeout=120)
+        try:
+            conn.request("GET", f"/rig/files/{rig}?p={p}", headers={"Authorization": f"Bearer {srv.token}"})
+            resp = conn.getresponse()
+            try:
+                data, complete = resp.read(), True
+            except http.client.IncompleteRead as exc:
+                data, complete = exc.partial, False
+            if resp.status == 200 and complete:
+                want = resp.headers["repr-digest"]
+                assert want == f"sha-256=:{base64.b64encode(hashlib.sha256(data).digest()).decode()}:", \
+                    "a complete 200 whose digest does not match its body"
+            seen.append((resp.status, complete))
+        finally:
+            conn.close()
+    assert any(status == 200 and not complete for status, complete in seen), seen
+    assert srv.call("rig.get", {"rigId": rig})["phase"] == "ready"
 
 
 def test_a_client_that_hangs_up_mid_upload_leaves_nothing(term: tuple[Server, str]) -> None:

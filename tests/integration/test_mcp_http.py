@@ -48,6 +48,12 @@ async def test_mcp_over_http_lists_and_calls_with_an_agent_token(plain_server: S
         nope = await c.call_tool("rig_close", {"rigId": "rig_nope"})
         assert nope.is_error is True and "rig_nope" in text_of(nope)
 
+    # A stock client given only the URL and the token: the agent's one workspace, said at initialize.
+    async with http_mcp(plain_server, token) as c:
+        assert "workspace 'default' (this user's default" in (c.instructions or ""), c.instructions
+        listed = await c.call_tool("rig_list", {})
+        assert listed.is_error is False and text_of(listed) == "No open rigs in this workspace."
+
     # The discovery revision: no initialize, no session; the workspace in the query.
     async with http_mcp(plain_server, token, "auto", path="/mcp?workspace=default") as c:
         assert c.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -72,8 +78,15 @@ async def test_refusals_and_malformed_messages_keep_the_endpoint_serving(plain_s
         assert r.status_code == 401 and "unknown or revoked token" in r.json()["error"]["message"]
 
         auth = {"Authorization": f"Bearer {plain_server.token}"}
-        r = await http.post(mcp_url, json=INIT, headers={**ACCEPT, **auth})
+        # No workspace named, and no single default: refused at initialize, naming the header.
+        plain_server.call("user.create", {"name": "two-ws", "kind": "agent"})
+        for ws_name in ("two-a", "two-b"):
+            plain_server.call("workspace.create", {"name": ws_name})
+            plain_server.call("member.add", {"workspace": ws_name, "user": "two-ws"})
+        two = str(plain_server.call("token.create", {"user": "two-ws"})["token"])
+        r = await http.post(mcp_url, json=INIT, headers={**ACCEPT, "Authorization": f"Bearer {two}"})
         assert r.status_code == 400 and r.json()["error"]["data"]["field"] == WORKSPACE_HEADER
+        assert "'two-a', 'two-b'" in r.json()["error"]["message"]
         r = await http.get(mcp_url, headers={**auth, **ws, "Accept": "text/event-stream"})
         assert r.status_code == 405
         r = await http.post(mcp_url, content=b'{"jsonrpc": "2.0", "id": 1, "method": ', headers={**ACCEPT, **auth, **ws})

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from playwright import sync_api as playwright_sync
 
-from tests.integration.conftest import ARTIFACTS, Server
+from tests.integration.conftest import ARTIFACTS, Server, make_data_dir, serving
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
 
@@ -205,6 +205,28 @@ def test_server_panel_import_names_the_digest_it_got_and_clipboard_choices_stick
     # The admin sees everyone's choices.
     assert "admin" in page.locator("#clip-everyone").inner_text()
     ctx.close()
+
+
+def test_a_fresh_server_lists_the_built_desktop_image_before_any_import(site: Site) -> None:
+    """Right after `make run` built the desktop image (and before a desktop opened), the panel
+    lists it as built and imported on first use — never "no desktop image yet"."""
+    from rigd.images.cache import sha256_file
+    from rigd.images.desktop import find_desktop
+
+    digest = sha256_file(find_desktop().manifest_path)
+    with serving(make_data_dir()) as srv:
+        rows = srv.call("image.list")
+        assert [(r["sha256"], r["state"], r["boots"], r["importedAt"]) for r in rows] == [
+            (digest, "built", True, None)], rows
+        fresh = Site(srv, site.browser)
+        ctx = fresh.context()
+        page = ctx.new_page()
+        sign_in(page, srv.token)
+        row = page.locator(f"#images-body tr[data-sha256='{digest}']")
+        row.wait_for()
+        assert "built, imported on first use" in row.inner_text()
+        assert "No desktop image yet" not in page.locator("#images-body").inner_text()
+        ctx.close()
 
 
 # -- a terminal rig, from the page ---------------------------------------------------

@@ -16,7 +16,7 @@ from rigd.cli import main as cli_main
 from rigd.errors import RigdError
 from rigd.ports import tls
 from rigd.ports.names import dev_name_problem, is_dev_name
-from rigd.ports.tls import DevCA, load_dev_ca, tls_dir
+from rigd.ports.tls import DevCA, load_dev_ca
 
 
 @pytest.fixture
@@ -278,6 +278,8 @@ def test_dev_names(name: str) -> None:
 
 @pytest.mark.parametrize(("name", "words"), [
     ("App.test", "upper case"),
+    ("a.test\r\nX: y", "control characters ('\\n', '\\r')"),
+    ("a\x7f.test", "control characters"),
     ("a..test", "empty label"),
     (".test", "empty label"),
     ("app.test.", "empty label"),
@@ -304,25 +306,13 @@ def test_dev_name_problems(name: object, words: str) -> None:
 # -- rigd ca -------------------------------------------------------------------------------------------
 
 
-def test_rigd_ca_prints_the_certificate_and_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["ca", "--data-dir", str(tmp_path)]) == 0
-    out, err = capsys.readouterr()
-    ca_pem = tls_dir(tmp_path) / "ca.pem"
-    assert out == ca_pem.read_text()
-    assert out.startswith("-----BEGIN CERTIFICATE-----") and "PRIVATE KEY" not in out
-    assert len(err.strip().splitlines()) == 1
-    assert "update-ca-certificates" in err and f"--cacert {ca_pem}" in err
-    # The server's code path finds the same CA; a second `rigd ca` prints the same.
-    assert DevCA.load_or_create(tls_dir(tmp_path)).ca_pem == out
-    assert cli_main(["ca", "--data-dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == out
-
-
-def test_rigd_ca_reports_a_bad_key_without_a_traceback(tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    DevCA.load_or_create(tls_dir(tmp_path))
-    os.chmod(tls_dir(tmp_path) / "ca.key", 0o640)
+def test_rigd_ca_never_makes_a_ca_on_the_client_side(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rigd ca` prints the CA of the server it talks to (tests/integration/test_dev_ca.py); with
+    no server to talk to it says so, and writes nothing (it once made a CA of its own here)."""
+    monkeypatch.delenv("RIGD_URL", raising=False)
+    monkeypatch.delenv("RIGD_TOKEN", raising=False)
     assert cli_main(["ca", "--data-dir", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
-    assert out == ""
-    assert "chmod 600" in err and str(tls_dir(tmp_path) / "ca.key") in err
+    assert out == "" and "no server URL" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

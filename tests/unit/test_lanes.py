@@ -83,8 +83,8 @@ class World:
             calls += 1
             if disconnect_after is not None and calls > disconnect_after:
                 return {"type": "http.disconnect"}
-            if not chunks:
-                return {"type": "http.disconnect"}
+            if not chunks:  # the whole request is in: as an ASGI server does, wait for the client to go
+                await trio.sleep_forever()
             chunk = chunks.pop(0)
             return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
 

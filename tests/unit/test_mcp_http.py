@@ -190,11 +190,35 @@ async def test_a_missing_or_unknown_token_is_401(token: str | None, message: str
     assert message in body["error"]["message"]
 
 
-async def test_a_missing_workspace_is_refused_naming_it() -> None:
-    async with endpoint(FakeDispatcher()) as ep, http(ep) as c:
+@pytest.mark.parametrize(("workspaces", "meant"), [
+    ([{"name": "team"}, {"name": "default"}], "default"),
+    ([{"name": "solo"}], "solo"),
+])
+async def test_a_request_naming_no_workspace_acts_in_the_callers_default(
+        workspaces: list[dict[str, str]], meant: str) -> None:
+    """A stock MCP client configured with only a URL and a token initialises and calls tools."""
+    fake = FakeDispatcher({"workspace.list": workspaces, "tools.call": text_result("none")})
+    async with endpoint(fake) as ep, mcp_client(ep) as client:
+        said = client.instructions or ""
+        assert f"workspace {meant!r}" in said and "default" in said, said
+        await client.call_tool("rig_list", {})
+    assert fake.tool_calls()[0][1]["workspace"] == meant
+
+
+@pytest.mark.parametrize(("workspaces", "words"), [
+    ([{"name": "a"}, {"name": "b"}], "several workspaces ('a', 'b')"),
+    ([], "no workspace"),
+])
+async def test_an_ambiguous_default_workspace_is_refused_naming_the_header(
+        workspaces: list[dict[str, str]], words: str) -> None:
+    async with endpoint(FakeDispatcher({"workspace.list": workspaces})) as ep, http(ep) as c:
         r = await c.post("/mcp", json=INIT, headers=ACCEPT)
         assert r.status_code == 400
-        assert r.json()["error"]["data"]["field"] == WORKSPACE_HEADER
+        assert r.json()["error"]["data"]["field"] == WORKSPACE_HEADER and words in r.json()["error"]["message"]
+
+
+async def test_bad_workspace_and_conversation_names_are_refused_naming_them() -> None:
+    async with endpoint(FakeDispatcher()) as ep, http(ep) as c:
         r = await c.post("/mcp?workspace=a&workspace=b", json=INIT, headers=ACCEPT)
         assert r.status_code == 400 and r.json()["error"]["data"]["field"] == "workspace"
         r = await c.post("/mcp", json=INIT, headers={**ACCEPT, CONVERSATION_HEADER: "no spaces please",
@@ -202,6 +226,7 @@ async def test_a_missing_workspace_is_refused_naming_it() -> None:
         assert r.status_code == 400 and r.json()["error"]["data"]["field"] == CONVERSATION_HEADER
         r = await c.post("/mcp?workspace=default", json=INIT, headers=ACCEPT)
         assert r.status_code == 200 and r.json()["result"]["serverInfo"]["name"] == "rigd"
+        assert "workspace 'default'" in r.json()["result"]["instructions"]
         assert r.headers["mcp-session-id"]
 
 
@@ -233,6 +258,29 @@ async def test_a_session_answers_only_the_token_that_opened_it() -> None:
 # -- malformed messages -------------------------------------------------------------------------------
 
 
+async def streamed_post(ep: HttpEndpoint, chunks: list[bytes]) -> tuple[int, dict[str, Any]]:
+    """POST /mcp straight through ASGI with a body that has no Content-Length (chunks as they come)."""
+    pending = list(chunks)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        if not pending:
+            await trio.sleep_forever()
+        chunk = pending.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"authorization", b"Bearer tok-agent"), (WORKSPACE_HEADER.lower().encode(), b"default"),
+               (b"accept", ACCEPT["Accept"].encode()), (b"content-type", b"application/json")]
+    with trio.fail_after(10):
+        await ep({"type": "http", "method": "POST", "path": "/mcp", "query_string": b"", "headers": headers},
+                 receive, send)
+    return int(sent[0]["status"]), json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
 async def test_malformed_bodies_get_json_rpc_errors_and_the_endpoint_keeps_serving() -> None:
     fake = FakeDispatcher({"tools.call": text_result("ok")})
     async with endpoint(fake) as ep, http(ep, **{WORKSPACE_HEADER: "default"}) as c:
@@ -241,7 +289,10 @@ async def test_malformed_bodies_get_json_rpc_errors_and_the_endpoint_keeps_servi
         r = await c.post("/mcp", content=json.dumps({"hello": "world"}).encode(), headers=ACCEPT)
         assert r.status_code == 400 and r.json()["error"]["code"] == types.INVALID_PARAMS
         r = await c.post("/mcp", content=b"x" * (MAX_BODY + 1), headers=ACCEPT)
-        assert r.status_code == 413
+        assert r.status_code == 413 and r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["code"] == types.INVALID_REQUEST and str(MAX_BODY) in r.json()["error"]["message"]
+        status, body = await streamed_post(ep, [b"x" * (MAX_BODY // 4)] * 5)  # no Content-Length
+        assert status == 413 and body["jsonrpc"] == "2.0" and body["error"]["data"]["field"] == "body"
         r = await c.post("/mcp", json=INIT, headers={"Accept": "application/json, text/event-stream",
                                                      "Content-Type": "text/plain"})
         assert r.status_code == 400

@@ -305,8 +305,9 @@ async def test_image_list_marks_the_newest_import_as_the_one_that_boots(
 async def test_a_pending_desktop_build_is_what_boots(
     world: World, published: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A desktop build in the cache not imported yet: the next rig imports and boots it,
-    so image.list marks no import until then — and marks that build after."""
+    """A desktop build in the cache not imported yet: the next rig imports and boots it, so
+    image.list marks no import until then and lists the build itself (issue 26: the page said
+    "no desktop image yet" right after `make run` built one) — and marks the import after."""
     first = published / "desktop.rigd-image.json"
     await world.finished((await world.ok(world.admin, "image.import", {
         "source": str(first), "sha256": sha(first.read_bytes())}))["importId"])
@@ -317,7 +318,10 @@ async def test_a_pending_desktop_build_is_what_boots(
 
     monkeypatch.setattr(server_main, "find_desktop", lambda _cache: Built())
     listed = await world.ok(world.admin, "image.list")
-    assert [i["boots"] for i in listed] == [False]
+    # The import does not boot; the build is listed after it, as built and imported on first use.
+    assert [(i["state"], i["boots"]) for i in listed] == [("imported", False), ("built", True)]
+    assert listed[1]["sha256"] == sha(built.read_bytes()) and listed[1]["importedAt"] is None
+    assert listed[1]["guestProtocol"] == 3 and "imported when the first desktop opens" in listed[1]["note"]
     booted = await trio.to_thread.run_sync(desktop_images(world.data, world.cache), lambda _m: None)
     assert booted is not None and booted.sha256 == sha(built.read_bytes()) and booted.guest_protocol == 3
     listed = await world.ok(world.admin, "image.list")

@@ -55,3 +55,15 @@ def test_not_an_object() -> None:
     with pytest.raises(FieldError) as exc:
         parse_open([1, 2])
     assert exc.value.field == "params"
+
+
+@pytest.mark.parametrize("port", [8000.0, "8000", True, 0, 65536])
+def test_a_port_is_an_integer_in_range(port: object) -> None:
+    from rigd.params import parse_domain_set, parse_port_share
+
+    for parse, extra in ((parse_port_share, {"lan": False}), (parse_domain_set, {"name": "app.test"})):
+        with pytest.raises(FieldError) as exc:
+            parse({"rigId": "rig_a", "guestPort": port, **extra})
+        assert exc.value.field == "guestPort"
+        assert "integer" in exc.value.reason
+    assert parse_port_share({"rigId": "rig_a", "guestPort": 8000, "lan": False}).guest_port == 8000

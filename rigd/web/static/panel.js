@@ -65,7 +65,8 @@ export class ServerPanel {
         h("td", {}, String(i.guestProtocol)),
         h("td", {}, i.display ? `${i.display.width}×${i.display.height}` : "—"),
         h("td", {}, bytes(i.bytes)),
-        h("td", {}, i.importedAt ? new Date(i.importedAt).toLocaleString() : "—"),
+        h("td", {}, i.importedAt ? new Date(i.importedAt).toLocaleString()
+          : i.state === "built" ? "built, imported on first use" : "—"),
         h("td", {}, i.boots ? h("strong", {}, "boots new rigs") : "—"))));
     } catch (e) { announce(this.importStatus, describe(e), "error"); }
   }
