@@ -425,9 +425,11 @@ class BrowserDriver:
                 if self.machine.config.accel is Accel.TCG:
                     page.title_timeout_s = TITLE_TIMEOUT_S * TCG_TITLE_FACTOR
                 self.page = page
+                reopened = False
                 if self.profile is not None:
-                    await self._restore_profile(page, self.profile)
-                elif isinstance(page, ChromiumDriver):
+                    reopened = await self._restore_profile(page, self.profile)
+                if not reopened and isinstance(page, ChromiumDriver):
+                    # (a new or tab-less profile shows the start page too, once it has loaded)
                     await self._start_page_shown(page)
                 task_status.started()
                 async with trio.open_nursery() as watch:
@@ -556,7 +558,8 @@ class BrowserDriver:
     def _engine_key(self) -> str:
         return IMAGE_ENGINE_KEY[self.engine]
 
-    async def _restore_profile(self, page: PageDriver, ref: ProfileRef) -> None:
+    async def _restore_profile(self, page: PageDriver, ref: ProfileRef) -> bool:
+        """Put the profile back into the running engine; True when it reopened a tab."""
         assert self.profiles is not None
         try:
             state = await trio.to_thread.run_sync(self.profiles.load, ref, self._engine_key())
@@ -566,17 +569,20 @@ class BrowserDriver:
             raise BackendError(f"{exc.message}") from exc
         if state is None:
             self._profile_state = ProfileState()
-            return
+            return False
         self._profile_state = state
         self.profile_problems = await page.import_profile(state)
+        reopened = False
         if state.tabs:
             try:
                 await page.perform(_navigate(state.tabs[0]))
+                reopened = True
             except RigdError as exc:
                 self.profile_problems.append(f"reopening {state.tabs[0][:100]}: {exc.message[:200]}")
         self.machine.log.info("browser profile restored", extra={
             "profile": ref.name, "cookies": len(state.cookies), "tabs": len(state.tabs),
             "origins": len(state.storage), "problems": len(self.profile_problems)})
+        return reopened
 
     async def _keep_profile(self, page: PageDriver, ref: ProfileRef) -> None:
         """Save the profile soon after anything that may change it, and every

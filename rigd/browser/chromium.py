@@ -448,13 +448,16 @@ class ChromiumDriver:
         """The page's URL (the browser's) and title (the document's: the browser's copy
         trails the renderer's; a page too busy to answer gets the browser's)."""
         entry = (await self._history()).entry
-        title = entry.title
+        title, url = entry.title, entry.url
         with contextlib.suppress(CDPError):
-            got = await self._eval(f"document.title.substring(0, {TITLE_MAX_CHARS})",
+            # The browser's history can still show a first tab's initial entry (url '') after its
+            # start page loaded (seen on a loaded host): the document's own location then.
+            got = await self._eval(f"[document.title.substring(0, {TITLE_MAX_CHARS}), location.href]",
                                    timeout=self.title_timeout_s)
-            if isinstance(got, str):
-                title = got
-        return {"url": entry.url[:8192], "title": _text_json(title[:TITLE_MAX_CHARS], 4096)}
+            if isinstance(got, list) and len(got) == 2 and all(isinstance(g, str) for g in got):
+                title = got[0]
+                url = url or got[1]
+        return {"url": url[:8192], "title": _text_json(title[:TITLE_MAX_CHARS], 4096)}
 
     async def _wait_load(self, sub: Subscription, loader_id: str | None, timeout: float) -> bool:
         """Wait for ``load`` of ``loader_id`` on the main frame (the first loader to start

@@ -415,6 +415,12 @@ def test_a_person_drives_the_page_through_the_live_view(browser: World) -> None:
     assert act(srv, rig, action="extract", kind="dom")["url"] == f"{SITE}/person.html"
 
 
+def latest_log(srv: Server, rig: str, n: int = 50) -> list[dict[str, Any]]:
+    """The rig's last ``n`` log rows, oldest first."""
+    rows = srv.call("rig.log", {"rigId": rig, "beforeSeq": 2**53 - 1, "limit": n})
+    return sorted(rows, key=lambda r: r["seq"])
+
+
 def test_an_engine_that_exits_fails_the_rig_saying_so(browser: World) -> None:
     srv, rig, _world = browser
     sh(srv, rig, "kill -KILL $(cat /run/rigd-browser.pid)")

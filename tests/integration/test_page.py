@@ -378,9 +378,11 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
               token=token)
     # ... and its shell runs: the window is active before the shell is on its pty.
     wait_exec(srv, rig, "pgrep -u rig -n -x bash -P \"$(pgrep -d, -u rig -x xfce4-terminal)\"", token=token)
-    page.keyboard.type("echo viewed-$((6*7)) > ~/view.txt")
+    # é and 世界 have no key on Playwright's US layout: it inserts them as text (beforeinput),
+    # as a layout or an IME does, and the view types them through the hypervisor.
+    page.keyboard.type("echo viewed-$((6*7)) héllo 世界 > ~/view.txt")
     page.keyboard.press("Enter")
-    assert wait_exec(srv, rig, "cat /home/rig/view.txt", token=token).strip() == "viewed-42"
+    assert wait_exec(srv, rig, "cat /home/rig/view.txt", token=token).strip() == "viewed-42 héllo 世界"
 
     # Drop a file onto the view: it lands in ~/Drops, with a progress bar.
     box = page.locator("#screen").bounding_box()

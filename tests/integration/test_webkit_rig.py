@@ -26,7 +26,7 @@ from netgate.testing import DEFAULT_SITES, FakeInternet
 from rigd.images.browser import Engine, build_browser
 from rigd.lane_client import LaneClient
 from tests.integration.conftest import make_data_dir, serving
-from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, refused, sh
+from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, latest_log, refused, sh
 
 pytestmark = [
     pytest.mark.vm,
@@ -173,6 +173,54 @@ def test_a_person_drives_webkit_through_the_polled_live_view(webkit: World) -> N
         srv.call("rig.control", {"rigId": rig, "op": "release"})
     dom = act(srv, rig, action="extract", kind="dom")
     assert dom["title"]["text"] == "typed Grüße", dom["title"]
+
+
+def test_a_person_drives_the_address_bar_and_the_audit_names_them(webkit: World) -> None:
+    """The rig's tab on the page, in a real Chromium (Playwright): a person who takes control
+    goes back, navigates and reloads from the address bar, through the same browser_use verbs
+    as an agent, and each is a row of the rig's log with the person as its actor. (A WebKit
+    rig: the bar is the same for every engine, and this module's rig keeps no profile.)"""
+    from playwright.sync_api import sync_playwright
+
+    srv, rig, _world = webkit
+    # Something to go back to: a page, then a link followed from it.
+    before = act(srv, rig, action="navigate", url=f"{SITE}/form.html")["url"]
+    act(srv, rig, action="click", selector="#next")
+    assert act(srv, rig, action="wait_for", selector="h1", timeoutS=20)["found"] is True
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            page = chromium.new_page(base_url=srv.url, viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(f"/settings/server/rigs/{rig}")
+            page.get_by_label("Token").fill(srv.token)
+            page.get_by_role("button", name="Sign in").click()
+            bar = page.get_by_label("Address")
+            bar.wait_for()
+            assert bar.is_disabled()  # view-only until the person takes control
+            page.get_by_role("button", name="Take control").click()
+            page.get_by_role("button", name="Hand back").wait_for()
+            page.get_by_role("button", name="Back", exact=True).click()
+            page.wait_for_function("(u) => document.querySelector('#address').value === u", arg=before)
+            bar.fill(f"{SITE}/second.html")
+            page.get_by_role("button", name="Go", exact=True).click()
+            page.wait_for_function("() => document.querySelector('#address').value.endsWith('/second.html')")
+            page.get_by_role("button", name="Reload").click()
+            deadline = time.monotonic() + 60
+            while not any(r["verb"] == "reload" and r["outcome"] == "ok" for r in latest_log(srv, rig)):
+                assert time.monotonic() < deadline, "the reload never reached the rig's log"
+                time.sleep(0.2)
+            page.get_by_role("button", name="Hand back").click()
+            page.get_by_role("button", name="Take control").wait_for()
+        finally:
+            chromium.close()
+    rows = [r for r in latest_log(srv, rig) if r["tool"] == "browser_use"]
+    done = [r for r in rows if r["verb"] in ("navigate", "history", "reload")][-3:]
+    assert [(r["verb"], r["outcome"], r["actor"]["kind"]) for r in done] == [
+        ("history", "ok", "person"), ("navigate", "ok", "person"), ("reload", "ok", "person")], [
+        (r["verb"], r["outcome"], r.get("error")) for r in done]
+    assert done[0]["args"]["direction"] == "back" and done[1]["args"]["url"] == f"{SITE}/second.html"
+    assert act(srv, rig, action="extract", kind="dom")["url"] == f"{SITE}/second.html"
 
 
 def test_an_engine_that_exits_fails_the_rig_saying_so(webkit: World) -> None:

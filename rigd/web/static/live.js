@@ -3,7 +3,7 @@
 // wheel and keyboard sent back as guest pixels and X11 keysyms. Files
 // dropped on the canvas go through the file lane at the drop point; a paste
 // (ctrl+v) puts this computer's clipboard on the rig's first, then presses v.
-import { wsUrl, backoff } from "./rpc.js";
+import { call, wsUrl, backoff, RpcError } from "./rpc.js";
 import { h } from "./dom.js";
 import { keysymOf } from "./keys.js";
 
@@ -19,8 +19,19 @@ export class LiveView {
       title: "While you hold control, keys go to the rig; Ctrl+] leaves the view",
     });
     this.ctx2d = this.canvas.getContext("2d");
+    // Keys are read from a transparent textarea over the canvas that holds the focus: only an
+    // editable element gets the text a layout, a dead key or an IME produces without a US key
+    // (beforeinput, compositionend); that text goes to the rig as typed text.
+    this.input = h("textarea.screen-input", {
+      id: "screen-input", tabindex: -1, autocomplete: "off", autocapitalize: "off", spellcheck: "false",
+      "aria-label": `Keyboard of ${tab.rigId}`,
+    });
+    this.imeOpen = false;
     this.info = h("p.muted", { id: "view-info", "aria-live": "off" }, "Connecting to the live view…");
-    this.element = h("div.live", {}, this.canvas, this.info);
+    // A browser rig's tab has a small address bar for the person driving it: the same
+    // browser_use verbs an agent calls (navigate, history, reload), audited as theirs.
+    this.bar = tab.rig.surface === "browser" ? this.addressBar() : null;
+    this.element = h("div.live", {}, this.bar, this.canvas, this.input, this.info);
     this.frames = 0;
     this.attempt = 0;
     this.disposed = false;
@@ -31,18 +42,70 @@ export class LiveView {
     this.open();
   }
 
+  addressBar() {
+    this.address = h("input", {
+      id: "address", name: "url", type: "url", autocomplete: "off", spellcheck: "false",
+      placeholder: "https://…", "aria-label": "Address",
+    });
+    const button = (label, text, action) => h("button", {
+      type: "button", title: label, "aria-label": label, onclick: () => this.browse(action),
+    }, text);
+    this.barButtons = [
+      button("Back", "←", { action: "history", direction: "back" }),
+      button("Forward", "→", { action: "history", direction: "forward" }),
+      button("Reload", "⟳", { action: "reload" }),
+    ];
+    this.go = h("button", { type: "submit" }, "Go");
+    const form = h("form.addressbar", {
+      "aria-label": "Browser controls",
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        let url = this.address.value.trim();
+        if (url && !/^[a-z][a-z0-9+.-]*:/i.test(url)) url = `https://${url}`;
+        if (url) this.browse({ action: "navigate", url });
+      },
+    }, ...this.barButtons, this.address, this.go);
+    this.enableBar();
+    return form;
+  }
+
+  enableBar() {
+    if (!this.address) return;
+    for (const el of [...this.barButtons, this.address, this.go]) el.disabled = !this.control;
+    this.address.title = this.control ? "" : "Take control to drive the browser";
+  }
+
+  /** One browser_use verb as this person (refused unless they hold control); the bar shows
+   * where the page went. */
+  async browse(action) {
+    if (!this.control) return;
+    try {
+      const out = await call("rig.act", { rigId: this.tab.rigId, tool: "browser_use", action });
+      if (out && typeof out.url === "string") this.address.value = out.url;
+      if (out && out.note) this.say(out.note, "warn");
+    } catch (e) {
+      this.say(e instanceof RpcError ? e.describe() : String(e), "error");
+    }
+  }
+
   dispose() {
     this.disposed = true;
     this.releaseAll();
     if (this.ws) this.ws.close();
   }
 
-  focus() { this.canvas.focus(); }
+  /** Focus the keyboard's textarea, bringing the screen into view as focusing it would. */
+  focus() {
+    if (document.activeElement === this.input) return;
+    this.input.focus({ preventScroll: true });
+    this.canvas.scrollIntoView({ block: "nearest", inline: "nearest" });
+  }
 
   setControl(mine) {
     if (this.control && !mine) this.releaseAll();
     this.control = mine;
     this.canvas.classList.toggle("driving", mine);
+    this.enableBar();
   }
 
   open() {
@@ -125,7 +188,7 @@ export class LiveView {
       });
     });
     c.addEventListener("mousedown", (ev) => {
-      c.focus();
+      this.focus();
       if (!this.control || !buttons[ev.button]) return;
       ev.preventDefault();
       this.pendingMove = null;
@@ -147,10 +210,23 @@ export class LiveView {
       const amount = Math.min(5, Math.max(1, Math.round(Math.abs(delta) / (ev.deltaMode ? 1 : 100))));
       this.send({ type: "wheel", direction, amount });
     }, { passive: false });
+    const t = this.input;
+    c.addEventListener("focus", () => this.focus());
     c.addEventListener("keydown", (ev) => this.key(ev, true));
     c.addEventListener("keyup", (ev) => this.key(ev, false));
-    c.addEventListener("blur", () => this.releaseAll());
-    c.addEventListener("paste", (ev) => this.paste(ev));
+    t.addEventListener("keydown", (ev) => this.key(ev, true));
+    t.addEventListener("keyup", (ev) => this.key(ev, false));
+    t.addEventListener("blur", () => this.releaseAll());
+    t.addEventListener("paste", (ev) => this.paste(ev));
+    t.addEventListener("beforeinput", (ev) => {
+      if (ev.inputType === "insertCompositionText") { this.imeOpen = true; return; }
+      if (ev.inputType === "insertText" || ev.inputType === "insertReplacementText") {
+        ev.preventDefault();
+        this.typeText(ev.data || (ev.dataTransfer ? ev.dataTransfer.getData("text/plain") : ""));
+      }
+    });
+    t.addEventListener("compositionend", (ev) => this.typeText(ev.data));
+    t.addEventListener("input", () => { if (!this.imeOpen) t.value = ""; });
     c.addEventListener("dragover", (ev) => { ev.preventDefault(); c.classList.add("dropping"); });
     c.addEventListener("dragleave", () => c.classList.remove("dropping"));
     c.addEventListener("drop", (ev) => {
@@ -161,15 +237,25 @@ export class LiveView {
     });
   }
 
+  /** Text with no key of its own (a layout's, a dead key's, an IME's): typed as text. */
+  typeText(text) {
+    this.imeOpen = false;
+    this.input.value = "";
+    if (!text || !this.control) return;
+    for (let i = 0; i < text.length; i += 4000) this.send({ type: "text", text: text.slice(i, i + 4000) });
+  }
+
   key(ev, down) {
     if (!this.control) return;
+    // A key that only composes (a dead key, an IME at work): its text comes at the end.
+    if (ev.isComposing || ev.keyCode === 229 || ev.key === "Dead" || ev.key === "Process") return;
     // ctrl/cmd+v: let the browser's paste event carry this computer's
     // clipboard to the rig first (paste() then presses v).
     if ((ev.ctrlKey || ev.metaKey) && ev.code === "KeyV") return;
     // ctrl+]: the way out of the canvas for a keyboard (every other key goes to the rig).
     if (ev.ctrlKey && ev.code === "BracketRight") {
       ev.preventDefault();
-      if (down) { this.releaseAll(); const out = document.getElementById("hand-back"); if (out) out.focus(); else this.canvas.blur(); }
+      if (down) { this.releaseAll(); const out = document.getElementById("hand-back"); if (out) out.focus(); else this.input.blur(); }
       return;
     }
     ev.preventDefault();

@@ -18,8 +18,8 @@
 // themed with CSS variables on any ancestor: --rigd-term-fg, --rigd-term-bg,
 // --rigd-term-font.
 //
-// Known limits (one cell per character, no mouse reporting, no reflow, no
-// IME...): docs/decisions.md, "In-page terminal".
+// Known limits (one cell per character, no mouse reporting, no reflow, an
+// IME window at the corner...): docs/decisions.md, "In-page terminal".
 
 const SCROLLBACK = 1000;
 const MAX_PARAMS = 32;
@@ -292,7 +292,7 @@ export class Terminal {
     for (const cb of this._resizeCbs.slice()) cb(cols, rows);
   }
 
-  focus() { this._root.focus(); }
+  focus() { this._root.focus(); } // (which hands the focus to the input)
 
   /** The screen's text (not the scrollback), rows joined by "\n", trailing spaces trimmed. */
   text() {
@@ -918,12 +918,30 @@ export class Terminal {
     this._focused = false;
     this._paintedCursor = '';
     this._buildRows();
+    // Keys come from a hidden textarea holding the focus: only an editable element gets the
+    // text a layout, dead key or IME makes without a US key (beforeinput, compositionend).
+    const input = this._input = document.createElement('textarea');
+    input.className = 'rigd-term-input';
+    input.setAttribute('aria-label', 'Keyboard');
+    input.tabIndex = -1;
+    Object.assign(input.style, { position: 'absolute', width: '1px', height: '1px', opacity: 0, zIndex: -1 });
+    root.appendChild(input);
     root.addEventListener('keydown', (e) => this._onKey(e));
     root.addEventListener('paste', (e) => this._onPaste(e));
     root.addEventListener('copy', (e) => this._onCopy(e));
     root.addEventListener('wheel', (e) => this._onWheel(e), { passive: false });
-    root.addEventListener('focus', () => this._setFocused(true));
-    root.addEventListener('blur', () => this._setFocused(false));
+    root.addEventListener('focus', () => input.focus({ preventScroll: true }));
+    root.addEventListener('focusin', () => this._setFocused(true));
+    root.addEventListener('focusout', (e) => this._setFocused(root.contains(e.relatedTarget)));
+    input.addEventListener('beforeinput', (e) => {
+      if (e.inputType === 'insertCompositionText') this._imeOpen = true;
+      else if (/^insert(Replacement)?Text$/.test(e.inputType)) {
+        e.preventDefault();
+        this._onText(e.data || e.dataTransfer?.getData('text/plain'));
+      }
+    });
+    input.addEventListener('compositionend', (e) => this._onText(e.data));
+    input.addEventListener('input', () => { if (!this._imeOpen) input.value = ''; });
     this._container.appendChild(root);
   }
 
@@ -1062,6 +1080,15 @@ export class Terminal {
     e.preventDefault();
     this._snapBack();
     this._emit(s);
+  }
+
+  // Text with no key of its own, sent as typed; a composition whole, at its end.
+  _onText(text) {
+    this._imeOpen = false;
+    this._input.value = '';
+    if (!text) return;
+    this._snapBack();
+    this._emit(text.replace(/\r\n?|\n/g, '\r'));
   }
 
   _encodeKey(e) {
