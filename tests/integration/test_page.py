@@ -248,11 +248,12 @@ def test_terminal_rig_from_open_to_close(site: Site) -> None:
     term = page.get_by_role("textbox", name="Terminal")
     page.get_by_text("Connected: this terminal is a shell").wait_for(timeout=60_000)
     term.click()
-    page.keyboard.type("echo page-$((6*7)) > /root/page.txt; echo done-$((6*7))")
+    # é and 世界 have no key on Playwright's US layout: inserted as text, as a layout or an IME does.
+    page.keyboard.type("echo page-$((6*7)) héllo 世界 > /root/page.txt; echo done-$((6*7))")
     page.keyboard.press("Enter")
     page.wait_for_function("() => document.querySelector('#terminal').textContent.includes('done-42')",
                            timeout=60_000)
-    assert exec_text(srv, rig, "cat /root/page.txt")["stdout"]["text"].strip() == "page-42"
+    assert exec_text(srv, rig, "cat /root/page.txt")["stdout"]["text"].strip() == "page-42 héllo 世界"
 
     # Files: pick two, they land in ~/drops with a progress bar; one comes back out.
     page.locator("#drop-pick").set_input_files([
