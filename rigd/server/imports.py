@@ -31,7 +31,7 @@ import trio
 
 from rigd.errors import Conflict, NotFound, RigdError
 from rigd.images.importer import BootChoice, ImportedImage, ImportProgress, import_image
-from rigd.images.manifest import parse_manifest
+from rigd.images.manifest import ImageManifest, parse_manifest
 from rigd.store.util import iso, new_id
 
 log = logging.getLogger("rigd.images")
@@ -82,23 +82,19 @@ def rate_and_eta(samples: Sequence[tuple[float, int]], now: float,
 
 def image_entry(img: ImportedImage, boots: bool) -> dict[str, Any]:
     """One row of ``image.list`` (also the ``image`` of a finished job)."""
-    m = img.manifest
     try:
         imported_at: str | None = iso(datetime.fromtimestamp(img.dir.stat().st_mtime, UTC))
     except OSError:
         imported_at = None
-    return {
-        "sha256": img.sha256,
-        "dir": str(img.dir),
-        "surface": m.surface,
-        "guestProtocol": m.guest_protocol,
-        "display": {"width": m.width, "height": m.height},
-        "kernelRelease": m.kernel_release,
-        "bytes": m.disk.size,
-        "importedAt": imported_at,
-        "boots": boots,
-        "state": "imported",
-    }
+    return {"sha256": img.sha256, "dir": str(img.dir), **_described(img.manifest),
+            "importedAt": imported_at, "boots": boots, "state": "imported"}
+
+
+def _described(m: ImageManifest) -> dict[str, Any]:
+    """What a row of ``image.list`` says of an image's manifest."""
+    return {"surface": m.surface, "guestProtocol": m.guest_protocol,
+            "display": {"width": m.width, "height": m.height}, "kernelRelease": m.kernel_release,
+            "bytes": m.disk.size}
 
 
 #: What ``image.list`` says of a desktop build that is not imported yet.
@@ -116,12 +112,8 @@ def listing(choice: BootChoice) -> list[dict[str, Any]]:
         except (OSError, RigdError) as exc:
             log.warning("the built desktop image's manifest is unreadable", extra={"reason": str(exc)[:200]})
             return rows
-        rows.append({
-            "sha256": digest, "dir": str(path.parent), "surface": m.surface,
-            "guestProtocol": m.guest_protocol, "display": {"width": m.width, "height": m.height},
-            "kernelRelease": m.kernel_release,
-            "bytes": m.disk.size, "importedAt": None, "boots": True, "state": "built", "note": BUILT_NOTE,
-        })
+        rows.append({"sha256": digest, "dir": str(path.parent), **_described(m), "importedAt": None,
+                     "boots": True, "state": "built", "note": BUILT_NOTE})
     return rows
 
 

@@ -152,8 +152,7 @@ async def serve_ca(ctx: ServerContext, scope: Scope, send: Send) -> None:
                                      "data": {"field": "method", "reason": "use GET"}}}, 405)
     elif ports is None or ports.ca_pem is None:
         why = (ports.tls_problem if ports is not None else None) or "this server has no dev domains"
-        await _json(send, {"error": {"code": -32004, "message": f"no dev CA: {why}",
-                                     "data": {"field": "ca", "reason": why}}}, 404)
+        await _refuse(send, NotFound(f"no dev CA: {why}", field="ca", reason=why))
     else:
         assert ports.ca_fingerprint is not None
         await _respond(send, 200, ports.ca_pem.encode(), "application/x-pem-file",
@@ -535,7 +534,7 @@ async def read_file(ctx: ServerContext, caller: Caller, rig_id: str, query: dict
         started = False
         try:
             failed: RigdError | Gone | None = None
-            delivered = finishing = False
+            finishing = False
             async with trio.open_nursery() as nursery:
                 async def watch() -> None:
                     while (await receive())["type"] != "http.disconnect":
@@ -566,7 +565,6 @@ async def read_file(ctx: ServerContext, caller: Caller, rig_id: str, query: dict
                         finishing = True  # the digest is checked: the rest goes out whatever the client does
                         await send({"type": "http.response.body", "body": held})
                         sent += len(held)
-                        delivered = True
                     outcome = "ok"
                 except (RigdError, Gone) as exc:  # raised after the nursery (not as a group)
                     failed = exc
@@ -574,12 +572,9 @@ async def read_file(ctx: ServerContext, caller: Caller, rig_id: str, query: dict
                     nursery.cancel_scope.cancel()
             if isinstance(failed, Gone):
                 outcome = "aborted"
-                raise failed
             if failed is not None:
                 raise failed
-            if delivered:
-                outcome = "ok"
-            elif outcome == "aborted":
+            if outcome == "aborted":  # the client left: its disconnect cancelled the stream
                 raise Gone
         except RigdError as exc:
             error = exc.message[:300]
