@@ -22,6 +22,9 @@ import pytest
 
 from tests.budget import pytest_configure
 
+#: A trio test's own deadline, before pytest-timeout's (tests/deadlines.py).
+pytest_plugins = ["tests.deadlines"]
+
 #: The modules whose tests use the shared desktop server: one group, one worker.
 DESKTOP_MODULES = ("tests/integration/test_computer.py", "tests/integration/test_page.py")
 DESKTOP = "desktop"

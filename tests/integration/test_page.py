@@ -377,13 +377,20 @@ def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
     click_guest(page, x, y)
     wait_exec(srv, rig, f"{SESSION} xdotool getactivewindow getwindowname | grep -E '^Terminal'",
               token=token)
-    # ... and its shell runs: the window is active before the shell is on its pty.
-    wait_exec(srv, rig, "pgrep -u rig -n -x bash -P \"$(pgrep -d, -u rig -x xfce4-terminal)\"", token=token)
+    # ... it has the keyboard (X focus; "active" is the window manager's word and can come first),
+    # and its shell's readline is reading (the pty out of canonical mode): a key sent before
+    # either can be lost, and a lost "e" of "echo" leaves an empty file (seen in CI).
+    wait_exec(srv, rig, f"{SESSION} xdotool getwindowfocus getwindowname | grep -E '^Terminal'",
+              token=token)
+    wait_exec(srv, rig, "p=$(pgrep -u rig -n -x bash -P \"$(pgrep -d, -u rig -x xfce4-terminal)\") && "
+                        "stty -a -F /proc/$p/fd/0 | grep -q -- -icanon", token=token)
     # é and 世界 have no key on Playwright's US layout: it inserts them as text (beforeinput),
     # as a layout or an IME does, and the view types them through the hypervisor.
     page.keyboard.type("echo viewed-$((6*7)) héllo 世界 > ~/view.txt")
     page.keyboard.press("Enter")
-    assert wait_exec(srv, rig, "cat /home/rig/view.txt", token=token).strip() == "viewed-42 héllo 世界"
+    # The shell opens the file before echo writes its line (in one write): wait for the line.
+    assert wait_exec(srv, rig, "grep -q . /home/rig/view.txt && cat /home/rig/view.txt",
+                     token=token).strip() == "viewed-42 héllo 世界"
 
     # Drop a file onto the view: it lands in ~/Drops, with a progress bar.
     box = page.locator("#screen").bounding_box()
