@@ -25,8 +25,8 @@ if str(REPO) not in sys.path:
 
 from rigd.backends.procs import proc_alive, proc_start_ticks  # noqa: E402
 from rigd.backends.snapshot import ENV_SWITCH  # noqa: E402
-from rigd.cli import Client  # noqa: E402
-from rigd.failure import leaves as failure_leaves  # noqa: E402
+from rigd.client.cli import Client  # noqa: E402
+from rigd.errors import leaves as failure_leaves  # noqa: E402
 
 
 class BenchError(Exception):
@@ -144,7 +144,7 @@ def start_server(args: argparse.Namespace, name: str, data_dir: Path, *, warm: b
     The server is this checkout's code run by this interpreter, so it is the
     rigd the bench imports (a worktree has no ``.venv`` of its own).
     """
-    cmd = [sys.executable, "-m", "rigd.cli", "serve", "--data-dir", str(data_dir), "--port", "0",
+    cmd = [sys.executable, "-m", "rigd", "serve", "--data-dir", str(data_dir), "--port", "0",
            "--accel", args.accel, "--qemu", args.qemu, "--log-level", "info", *(extra or [])]
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, ENV_SWITCH: "1" if warm else "0",

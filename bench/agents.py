@@ -44,7 +44,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from rigd.backends.procs import proc_alive
-from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
+from rigd.tools.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
 
 TARGET = 1.2
 CALL = {"action": "exec", "argv": ["true"]}
@@ -83,7 +83,7 @@ def mcp_side(client: Client, rig_id: str, name: str) -> Callable[[], Awaitable[N
 @contextlib.asynccontextmanager
 async def stdio_bridge(url: str, token_file: Path, workdir: Path) -> AsyncIterator[Client]:
     pid_file = workdir / "mcp.pid"
-    argv = [sys.executable, "-m", "rigd.cli", "mcp", "--url", url, "--token-file", str(token_file),
+    argv = [sys.executable, "-m", "rigd", "mcp", "--url", url, "--token-file", str(token_file),
             "--workspace", "default", "--conversation", CONVERSATION]
     params = StdioServerParameters(
         command="/bin/sh", args=["-c", f"echo $$ > {shlex.quote(str(pid_file))}; exec {shlex.join(argv)}"],

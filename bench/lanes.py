@@ -79,12 +79,12 @@ from terminal import (
     use_server,
 )
 
-from rigd.cli import ClientError
+from rigd.client.cli import ClientError
+from rigd.client.lanes import LaneClient, LaneError
 from rigd.errors import RigdError
 from rigd.images import find_assets
 from rigd.images.desktop import find_desktop
 from rigd.images.pack import ensure_pack
-from rigd.lane_client import LaneClient, LaneError
 from rigd.protocols.guest import Stream
 from rigd.server.main import publish_assets
 

@@ -63,7 +63,7 @@ from rigd.backends.microvm_argv import microvm_argv
 from rigd.backends.procs import proc_alive, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.snapshot import ENV_SWITCH, META_FILE, load_memory
-from rigd.cli import ClientError
+from rigd.client.cli import ClientError
 from rigd.errors import GuestError
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.pack import ensure_pack

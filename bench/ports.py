@@ -77,7 +77,7 @@ sys.path.remove(str(REPO))
 sys.path.insert(0, str(REPO))
 
 from netgate.topology import ADDRESSING, Naming
-from rigd.cli import ClientError
+from rigd.client.cli import ClientError
 from rigd.errors import RigdError
 from rigd.server.main import gateway_prefix
 

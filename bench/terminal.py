@@ -85,7 +85,7 @@ from rigd.backends.microvm_argv import esc, microvm_argv
 from rigd.backends.procs import proc_alive
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.snapshot import DISK_FILE, ENV_SWITCH, MEMORY_FILE, META_FILE, load_memory
-from rigd.cli import Client
+from rigd.client.cli import Client
 from rigd.errors import GuestError
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.pack import ensure_pack

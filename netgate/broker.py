@@ -44,20 +44,19 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from netgate.errors import InvalidField, Refused
 from netgate.policy import Policy, normalize_name, pattern_matches, validate_pattern
-from rigd.errors import FieldError, Forbidden
 
 _HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 KEY_BYTES = 32
 
 
-class BrokerRefused(Forbidden):
+class BrokerRefused(Refused):
     """A secret was asked for a host the rig may not reach."""
 
     def __init__(self, host: str) -> None:
-        super().__init__(f"no secret is issued for {host}: it is not on the rig's egress allowlist",
-                         host=host)
+        super().__init__(f"no secret is issued for {host}: it is not on the rig's egress allowlist")
         self.host = host
 
 
@@ -134,18 +133,18 @@ class SecretStore:
             header: str = "Authorization", template: str = "Bearer {value}") -> SecretInfo:
         """Store (or replace) a secret bound to ``hosts``. Errors name the field, never the value."""
         if not _NAME.match(name):
-            raise FieldError("name", "1-64 characters of letters, digits, '_', '.', '-'")
+            raise InvalidField("name", "1-64 characters of letters, digits, '_', '.', '-'")
         if not hosts:
-            raise FieldError("hosts", "a secret must be bound to at least one host pattern")
+            raise InvalidField("hosts", "a secret must be bound to at least one host pattern")
         patterns = tuple(validate_pattern(h, f"hosts[{i}]") for i, h in enumerate(hosts))
         if not _HEADER.match(header):
-            raise FieldError("header", "must be an HTTP header name")
+            raise InvalidField("header", "must be an HTTP header name")
         if header.lower() in ("host", "content-length", "transfer-encoding", "connection"):
-            raise FieldError("header", f"{header} cannot carry a secret")
+            raise InvalidField("header", f"{header} cannot carry a secret")
         if template.count("{value}") != 1 or any(c in template for c in "\r\n\x00"):
-            raise FieldError("template", "must contain '{value}' exactly once and no line breaks")
+            raise InvalidField("template", "must contain '{value}' exactly once and no line breaks")
         if not value or any(c in value for c in "\r\n\x00"):
-            raise FieldError("value", "must be non-empty and contain no line breaks")
+            raise InvalidField("value", "must be non-empty and contain no line breaks")
         nonce = os.urandom(12)
         aad = self._aad(workspace, name, patterns, header, template)
         sealed = self._aead.encrypt(nonce, value.encode(), aad)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from importlib import resources
 
-from rigd.errors import FieldError
+from netgate.errors import InvalidField
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -136,26 +136,26 @@ def normalize_name(name: str) -> str | None:
 
 
 def validate_pattern(raw: object, field: str) -> str:
-    """Check one allowlist entry; raise a FieldError naming ``field`` when it is unusable."""
+    """Check one allowlist entry; raise an InvalidField naming ``field`` when it is unusable."""
     if not isinstance(raw, str):
-        raise FieldError(field, "must be a host name such as 'example.com' or '*.example.com'")
+        raise InvalidField(field, "must be a host name such as 'example.com' or '*.example.com'")
     text = raw.strip()
     if text in ("*", "*."):
-        raise FieldError(field, f"{raw!r} is too broad: name the hosts "
+        raise InvalidField(field, f"{raw!r} is too broad: name the hosts "
                                 "('*.example.com' for a domain's subdomains)")
     wildcard = text.startswith("*.")
     body = text[2:] if wildcard else text
     if is_ip_literal(body):
-        raise FieldError(field, f"{raw!r} is an IP address; egress is allowed by host name only")
+        raise InvalidField(field, f"{raw!r} is an IP address; egress is allowed by host name only")
     if "*" in body:
-        raise FieldError(field, f"{raw!r}: '*' is allowed only as the whole first label ('*.example.com')")
+        raise InvalidField(field, f"{raw!r}: '*' is allowed only as the whole first label ('*.example.com')")
     if "/" in body or ":" in body:
-        raise FieldError(field, f"{raw!r}: give a bare host name, without scheme, port or path")
+        raise InvalidField(field, f"{raw!r}: give a bare host name, without scheme, port or path")
     name = normalize_name(body)
     if name is None:
-        raise FieldError(field, f"{raw!r} is not a valid host name")
+        raise InvalidField(field, f"{raw!r} is not a valid host name")
     if wildcard and "." not in name:
-        raise FieldError(field, f"{raw!r} is too broad: a wildcard needs at least two labels after '*.'")
+        raise InvalidField(field, f"{raw!r} is too broad: a wildcard needs at least two labels after '*.'")
     return f"*.{name}" if wildcard else name
 
 
@@ -221,9 +221,9 @@ class Policy:
 def parse_allow(raw: object, field: str = "egress.allow") -> tuple[str, ...]:
     """Validate a caller's list of patterns; errors name ``egress.allow[i]``."""
     if not isinstance(raw, list | tuple):
-        raise FieldError(field, "must be a list of host names")
+        raise InvalidField(field, "must be a list of host names")
     if len(raw) > 512:
-        raise FieldError(field, "at most 512 entries")
+        raise InvalidField(field, "at most 512 entries")
     return tuple(validate_pattern(item, f"{field}[{i}]") for i, item in enumerate(raw))
 
 
@@ -256,7 +256,7 @@ def build_policy(
         try:
             kind = Surface(surface)
         except ValueError:
-            raise FieldError("surface", f"no egress defaults for surface {surface!r}") from None
+            raise InvalidField("surface", f"no egress defaults for surface {surface!r}") from None
         base.extend(load_default_list(kind.value))
         if kind is Surface.browser and first_boot:
             base.extend(load_default_list("debian-archives"))

@@ -35,8 +35,8 @@ from typing import Any
 from pyroute2 import IPRoute, NetNS
 
 from netgate import topology
+from netgate.cleanup import remove_tree
 from netgate.netns import NETNS_DIR
-from rigd.cleanup import remove_tree
 
 log = logging.getLogger("netgate.testing")
 

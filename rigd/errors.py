@@ -8,7 +8,10 @@ Foreign exceptions are translated at the boundary with ``raise ... from exc``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+from netgate.errors import InvalidField, NetgateError, Refused
 
 
 class RigdError(Exception):
@@ -95,3 +98,22 @@ class GuestRefused(GuestError):
         super().__init__(f"guest agent refused {op}: {reason}")
         self.op = op
         self.reason = reason
+
+
+def leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside (nested) groups, depth first; a plain one is its own leaf."""
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            yield from leaves(sub)
+    else:
+        yield exc
+
+
+def from_netgate(exc: NetgateError) -> RigdError:
+    """netgate's error as rigd reports it: a refused field names the field, a refusal is
+    Forbidden (netgate imports nothing from rigd; this is the boundary)."""
+    if isinstance(exc, InvalidField):
+        return FieldError(exc.field, exc.reason)
+    if isinstance(exc, Refused):
+        return Forbidden(exc.message)
+    return RigdError(exc.message)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import trio
 
-from rigd import cleanup
+from netgate import cleanup
 from rigd.backends.confine import Identity, UidPool, make_private_dir, make_shared_dir
 from rigd.backends.procs import proc_alive
 from rigd.backends.recipe import RigPaths

@@ -65,9 +65,9 @@ from typing import Any
 
 import trio
 
+from netgate.cleanup import remove_tree
 from rigd.backends.confine import Identity, make_shared_dir
 from rigd.backends.qmp_client import QMPConnection
-from rigd.cleanup import remove_tree
 from rigd.errors import BackendError
 
 #: Bumped whenever the way a snapshot is taken or restored changes.

@@ -1,10 +1,12 @@
-"""Images for terminal rigs: build and find the pinned default assets.
+"""Images: build, pin and find what every rig boots from. See docs/images.md.
 
-``build_all`` makes (or finds in the cache) everything a terminal rig boots
-from: the kernel, the initramfs, the tools disk and the default terminal
-image; ``find_assets`` only looks, and says how to build when something is
-missing. Packs (boot-ready root filesystems) are made per data directory by
-:func:`rigd.images.pack.ensure_pack`. See docs/images.md.
+``build_all`` makes (or finds in the cache) the kernel, the initramfs, the tools
+disk and the default terminal image; ``find_assets`` only looks, and says how to
+build when something is missing. The desktop image (``desktop``), the browser
+images (``browser``, one per engine: Chromium, Firefox ESR, WebKitGTK), imports
+from OCI registries (``registry``, ``importer``) and packs (boot-ready root
+filesystems, :func:`rigd.images.pack.ensure_pack`, per data directory) live in
+their own modules.
 """
 
 from __future__ import annotations

@@ -65,8 +65,7 @@ import h11
 import trio
 
 from rigd import __version__
-from rigd.errors import FieldError, RigdError
-from rigd.failure import leaves
+from rigd.errors import FieldError, RigdError, leaves
 from rigd.images import oci
 
 log = logging.getLogger("rigd.images.registry")

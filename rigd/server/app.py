@@ -11,7 +11,7 @@ Routes:
   bearer token or a signed ``rig-term`` target, plus membership.
 - ``/rig/live/<rigId>`` (WebSocket): a computer rig's live view
   (rigd.server.live). A bearer token or a signed ``rig-view`` target.
-- ``/mcp``: the agent tools over MCP's streamable HTTP transport (rigd.mcp.HttpEndpoint, an
+- ``/mcp``: the agent tools over MCP's streamable HTTP transport (rigd.tools.mcp.HttpEndpoint, an
   ASGI app routed in front of Quart by rigd.server.lanes.LaneRouter, as the lanes are).
 - ``GET /healthz``.
 - ``/``, ``/settings/server/rigs[/<rigId>]``, ``/static/<name>``: the settings
@@ -32,7 +32,7 @@ from werkzeug.exceptions import HTTPException
 
 from rigd.auth import Signer, bearer
 from rigd.errors import FieldError, Forbidden, RigdError, TooManyRequests, Unauthorized
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.manager import Caller, RigManager
 from rigd.server.pages import register_pages
 from rigd.server.rpc import Dispatcher, error, refusal
 from rigd.server.session import SESSION_S, caller_for, check_origin, clear_cookie, session_cookie, set_cookie

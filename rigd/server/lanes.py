@@ -64,7 +64,7 @@ from rigd.errors import (
     RigdError,
     Unauthorized,
 )
-from rigd.rigs import Caller
+from rigd.rigs.manager import Caller
 from rigd.server.app import ServerContext
 from rigd.server.session import caller_for, session_cookie
 
@@ -74,7 +74,7 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-#: MCP's streamable HTTP endpoint (rigd.mcp.HttpEndpoint).
+#: MCP's streamable HTTP endpoint (rigd.tools.mcp.HttpEndpoint).
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 LANE_PATH = re.compile(r"/rig/(files|clipboard)/([A-Za-z0-9_-]{1,64})")
 #: Multipart framing per part (boundaries, headers) on top of the files' bytes.
@@ -117,7 +117,7 @@ def status_of(exc: RigdError) -> int:
 
 class LaneRouter:
     """The ASGI app the server runs: the lanes and ``/mcp`` (an ASGI app of its own,
-    rigd.mcp.HttpEndpoint) here, everything else to Quart."""
+    rigd.tools.mcp.HttpEndpoint) here, everything else to Quart."""
 
     def __init__(self, app: Any, ctx: ServerContext, mcp: Any = None) -> None:
         self.app = app

@@ -43,7 +43,6 @@ from rigd.backends.smolvm import prepare_terminals, terminal_backend
 from rigd.backends.warm import SnapshotService
 from rigd.browser.profiles import ProfileStore
 from rigd.errors import RigdError
-from rigd.events import EventBus
 from rigd.images import TerminalAssets, find_assets
 from rigd.images.browser import (
     CUSTOM_REVISION,
@@ -60,11 +59,11 @@ from rigd.images.desktop import find_desktop
 from rigd.images.importer import BootChoice, ImportedImage, import_image, list_imported
 from rigd.images.pack import ensure_pack
 from rigd.images.registry import AUTH_FILE, Credentials, RegistryClient, load_registry_auth, parse_reference
-from rigd.mcp import AsyncRpc, HttpEndpoint, dispatched
 from rigd.model import LIMITS, Accel, Surface
 from rigd.ports.hub import PortsHub
 from rigd.ports.tls import load_dev_ca, tls_dir
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.events import EventBus
+from rigd.rigs.manager import Caller, RigManager
 from rigd.server.app import MAX_INBOUND, ServerContext
 from rigd.server.imports import ImportJobs
 from rigd.server.lanes import server_app
@@ -73,6 +72,7 @@ from rigd.server.pages import HOME as PAGE_HOME
 from rigd.server.pulls import PullJobs
 from rigd.server.rpc import Dispatcher
 from rigd.store.aio import Stores
+from rigd.tools.mcp import AsyncRpc, HttpEndpoint, dispatched
 
 log = logging.getLogger("rigd")
 

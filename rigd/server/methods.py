@@ -10,21 +10,22 @@ from typing import Any
 import trio
 
 from netgate.broker import SecretStore
+from netgate.errors import NetgateError
 from rigd import __version__
-from rigd.errors import Conflict, FieldError, NotFound
+from rigd.errors import Conflict, FieldError, NotFound, from_netgate
 from rigd.images.importer import check_source, normalise_sha256
 from rigd.images.registry import parse_reference
 from rigd.model import BUILT_ENGINES, BUILT_SURFACES
-from rigd.params import RigRef, ident, integer, no_extra, obj, string
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.api import RigApi
+from rigd.rigs.manager import Caller, RigManager
+from rigd.rigs.params import RigRef, ident, integer, no_extra, obj, string
 from rigd.server.imports import ImportJobs, listing
 from rigd.server.pulls import PullJobs
 from rigd.server.rpc import Method
 from rigd.store.aio import Stores
 from rigd.store.server_db import CLIPBOARD_CHOICES
 from rigd.store.util import iso
-from rigd.tools import Tools
+from rigd.tools.catalogue import Tools
 
 #: How long ``clipboard.grant`` allows a person's crossings on one rig.
 CLIPBOARD_GRANT_S = 600
@@ -167,8 +168,11 @@ def build_methods(
             raise FieldError("hosts", "must be a non-empty list of host patterns")
         header = string(params, "header", required=False, max_len=64) or "Authorization"
         template = string(params, "template", required=False, max_len=256) or "Bearer {value}"
-        entry = await trio.to_thread.run_sync(
-            lambda: store.put(ws_id, name, value, hosts, header=header, template=template))
+        try:
+            entry = await trio.to_thread.run_sync(
+                lambda: store.put(ws_id, name, value, hosts, header=header, template=template))
+        except NetgateError as exc:
+            raise from_netgate(exc) from None
         return {"workspace": ws_id, "name": name, "hosts": list(entry.hosts), "header": header}
 
     async def secret_list(caller: Caller, raw: object) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rigd.errors import Forbidden, RigdError
-from rigd.rigs import Caller
+from rigd.rigs.manager import Caller
 
 log = logging.getLogger("rigd.rpc")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from rigd.auth import bearer
 from rigd.errors import Forbidden, Unauthorized
-from rigd.live_rig import Caller
+from rigd.rigs.live import Caller
 from rigd.store.aio import Stores
 
 COOKIE = "rigd_session"

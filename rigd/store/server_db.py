@@ -73,7 +73,7 @@ MIGRATIONS: list[str] = [
         expires_epoch REAL NOT NULL
     );
     """,
-    # v4: per-workspace settings written by admins (rigd.guard.SETTINGS: one typed key each,
+    # v4: per-workspace settings written by admins (rigd.rigs.guard.SETTINGS: one typed key each,
     # the value as JSON); a key that is absent has its default
     """
     CREATE TABLE workspace_settings (

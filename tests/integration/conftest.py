@@ -41,7 +41,7 @@ import pytest
 
 from rigd.backends import evidence as rig_evidence
 from rigd.backends.desktop_argv import desktop_argv
-from rigd.cli import Client, ClientError
+from rigd.client.cli import Client, ClientError
 from rigd.images import find_assets
 from rigd.images.desktop import DesktopImage
 
@@ -374,7 +374,7 @@ def start_server(data_dir: Path, *extra: str) -> Server:
     env = {**os.environ, rig_evidence.ENV: str(home / "rigs")}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rigd.cli", "serve", "--data-dir", str(data_dir), "--port", "0",
+            [sys.executable, "-m", "rigd", "serve", "--data-dir", str(data_dir), "--port", "0",
              "--accel", "tcg", "--log-level", "info", *extra],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
         )

@@ -20,7 +20,7 @@ from hypercorn.trio import serve as hyper_serve
 from rigd.auth import Signer, load_or_create_key
 from rigd.backends.fake import FakeBackend
 from rigd.model import Accel, Surface
-from rigd.rigs import RigManager
+from rigd.rigs.manager import RigManager
 from rigd.server.app import ServerContext
 from rigd.server.lanes import server_app
 from rigd.server.main import http_config, write_private

@@ -41,7 +41,7 @@ async def stdio_mcp(server: Server, workdir: Path, conversation: str, *,
     token_file.chmod(0o600)
     pid_file = workdir / "mcp.pid"
     errlog_path = workdir / "mcp.stderr"
-    argv = [sys.executable, "-m", "rigd.cli", "mcp", "--url", server.url, "--token-file", str(token_file),
+    argv = [sys.executable, "-m", "rigd", "mcp", "--url", server.url, "--token-file", str(token_file),
             "--workspace", "default", "--conversation", conversation, "--log-level", "info"]
     # `exec` keeps the pid the shell wrote, so the finally below can kill the bridge by it.
     params = StdioServerParameters(

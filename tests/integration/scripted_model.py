@@ -85,7 +85,7 @@ def run_agent(srv: Server, endpoint: ScriptedEndpoint, tmp_path: Path, *extra: s
     token_file.chmod(0o600)
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("RIGD_")}
     env |= {"OPENAI_API_KEY": API_KEY, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "rigd.cli", "agent", "--url", srv.url, "--token-file", str(token_file),
+    argv = [sys.executable, "-m", "rigd", "agent", "--url", srv.url, "--token-file", str(token_file),
             "--base-url", endpoint.base_url, "--model", "scripted-1", "--workspace", "default", *extra,
             task]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=env)

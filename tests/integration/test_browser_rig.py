@@ -27,8 +27,8 @@ from websockets.sync.client import connect
 
 from netgate.testing import DEFAULT_SITES, FakeInternet, Site
 from rigd.backends.snapshot import rig_machine_id
+from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, browser_pack_dir, build_browser, find_browser
-from rigd.lane_client import LaneClient
 from tests.integration.conftest import Server, make_data_dir, serving
 from tests.integration.test_warm_start import wait_snapshot
 

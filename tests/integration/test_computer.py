@@ -32,7 +32,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from rigd.images.desktop import find_desktop
-from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
+from rigd.tools.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
 from tests.integration.conftest import DESKTOP_SHAPE, Server, SharedRig, make_data_dir, remove_tree
 from tests.integration.mcp_clients import http_mcp, images_of, stdio_mcp, text_of
 from tests.integration.scripted_model import run_agent, scripted_endpoint, tool_call
@@ -544,7 +544,7 @@ def test_audit_masks_typed_text(desk: tuple[Server, str]) -> None:
 
 def test_a_drop_lands_in_drops_with_its_uris_on_the_clipboard(desk: tuple[Server, str],
                                                                tmp_path: Path) -> None:
-    from rigd.lane_client import LaneClient, LaneError
+    from rigd.client.lanes import LaneClient, LaneError
 
     srv, rig = desk
     sh(srv, rig, "mkdir -p /home/rig/Drops && printf old > /home/rig/Drops/notes.txt")
@@ -597,7 +597,7 @@ def test_a_drop_lands_in_drops_with_its_uris_on_the_clipboard(desk: tuple[Server
 
 
 def test_clipboard_lane_images_in_and_copy_out_asks_first(desk: tuple[Server, str]) -> None:
-    from rigd.lane_client import LaneClient, LaneError
+    from rigd.client.lanes import LaneClient, LaneError
 
     srv, rig = desk
     lanes = LaneClient(srv.url, srv.token, timeout=120)
@@ -922,7 +922,7 @@ def test_a_second_desktop_starts_warm_and_is_its_own_machine(desk: tuple[Server,
 
 
 def test_import_with_a_wrong_checksum_leaves_no_file(tmp_path: Path) -> None:
-    from rigd.cli import main
+    from rigd.client.cli import main
     from rigd.images.importer import images_dir
 
     image = find_desktop()

@@ -25,8 +25,8 @@ from rigd.backends.qemu import QemuConfig, QemuMachine
 from rigd.backends.smolvm import terminal_backend
 from rigd.images import find_assets
 from rigd.model import Accel, Surface
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.api import RigApi
+from rigd.rigs.manager import Caller, RigManager
 from rigd.server.main import publish_assets, readable_pack
 from rigd.store.aio import Stores
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rigd.lane_client import LaneClient, LaneError
+from rigd.client.lanes import LaneClient, LaneError
 from tests.integration.conftest import ClientError, Server, SharedServer, exec_, open_terminal
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
@@ -272,7 +272,7 @@ def test_the_cli_copies_both_ways_and_a_files_signature_opens_no_terminal(
     srv, rig = term
     src = tmp_path / "from-host.txt"
     src.write_text("über die Grenze\n")
-    cli = [sys.executable, "-m", "rigd.cli"]
+    cli = [sys.executable, "-m", "rigd"]
     opts = ["--url", srv.url, "--token", srv.token]
     done = subprocess.run([*cli, "cp", *opts, str(src), f"{rig}:"], capture_output=True, text=True,
                           timeout=300, check=False)

@@ -10,7 +10,7 @@ import pytest
 import trio
 from mcp import Client
 
-from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
+from rigd.tools.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
 from tests.integration.conftest import Server
 from tests.integration.mcp_clients import http_mcp, stdio_mcp, text_of
 

@@ -11,7 +11,7 @@ import mcp_types as types
 import pytest
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
-from rigd.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
+from rigd.tools.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
 from tests.integration.conftest import Server, make_data_dir, serving
 from tests.integration.mcp_clients import http_mcp, text_of
 

@@ -39,7 +39,7 @@ import pytest
 from netgate.netns import run_in_netns
 from netgate.testing import FOREIGN_DNS, FakeInternet
 from rigd.backends import evidence as rig_evidence
-from rigd.cli import Client
+from rigd.client.cli import Client
 from rigd.images import find_assets
 from rigd.images.pack import ensure_pack
 from tests.integration.conftest import (
@@ -362,7 +362,7 @@ def _start_unprivileged(world: FakeInternet, data_dir: Path) -> tuple[Server, Pa
             "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
             "env", "-i", "PATH=/usr/bin:/bin", "HOME=/nonexistent", f"PYTHONPATH={site}:{code}",
             f"{rig_evidence.ENV}={home / 'rigs'}",
-            python, "-m", "rigd.cli", "serve", "--data-dir", str(data_dir), "--port", "0", "--accel", "tcg",
+            python, "-m", "rigd", "serve", "--data-dir", str(data_dir), "--port", "0", "--accel", "tcg",
             "--log-level", "info", "--cache-dir", str(UNPRIV_CACHE), "--network", "auto",
             "--resolver", f"{world.resolver[0]}:{world.resolver[1]}", "--upstream-ca", str(ca)]
     with open(log_path, "ab") as log:
@@ -396,7 +396,7 @@ def test_user_mode_unprivileged_server(world: FakeInternet) -> None:
                               "user mode, chosen by --network auto, server as nobody (no capabilities)")
         log = srv.log()
         assert "rigs get user-mode networking" in log and "not running as root" in log
-        pid = int(subprocess.run(["pgrep", "-u", str(NOBODY), "-f", f"rigd.cli serve --data-dir {data_dir}"],
+        pid = int(subprocess.run(["pgrep", "-u", str(NOBODY), "-f", f"rigd serve --data-dir {data_dir}"],
                                  capture_output=True, text=True, check=True).stdout.split()[0])
         assert "CapEff:\t0000000000000000" in Path(f"/proc/{pid}/status").read_text()
         assert not failed, failed

@@ -343,7 +343,7 @@ def click_guest(page: Any, x: int, y: int, display: tuple[int, int] = (1280, 800
 
 
 def test_desktop_live_view_control_drop_and_copy(site: Site) -> None:
-    from rigd.lane_client import LaneClient
+    from rigd.client.lanes import LaneClient
 
 
     srv = site.srv

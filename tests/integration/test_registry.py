@@ -295,7 +295,7 @@ def pull_through(srv: Server, ref: str, deadline_s: float = 60) -> dict[str, Any
 def test_the_server_pulls_lists_and_removes_through_the_rpc_and_the_cli(plain: str, tmp_path: Path) -> None:
     with serving(make_data_dir(), "--no-warm-starts", "--network", "none", "--insecure-registry", plain) as srv:
         env = {**os.environ, "PYTHONPATH": str(REPO), "RIGD_URL": srv.url, "RIGD_TOKEN": srv.token}
-        cli = [sys.executable, "-m", "rigd.cli", "images"]
+        cli = [sys.executable, "-m", "rigd", "images"]
         out = subprocess.run([*cli, "pull", f"{plain}/t/img:app"], capture_output=True, text=True,
                              timeout=120, env=env, cwd=REPO)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -352,7 +352,7 @@ def test_the_server_pulls_with_the_credentials_file_it_was_given(layout: Layout,
         # Readable by others: the server refuses to start, naming the file and the fix.
         refused = make_data_dir()
         try:
-            out = subprocess.run([sys.executable, "-m", "rigd.cli", "serve", "--data-dir", str(refused),
+            out = subprocess.run([sys.executable, "-m", "rigd", "serve", "--data-dir", str(refused),
                                   "--port", "0", "--accel", "tcg", "--registry-auth", str(auth)],
                                  capture_output=True, text=True, timeout=120, cwd=REPO)
         finally:

@@ -156,7 +156,7 @@ def test_cli_open_act_list_close(server: Server) -> None:
     env = {**os.environ, "RIGD_URL": server.url, "RIGD_TOKEN": server.token}
 
     def rigd(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "rigd.cli", *args], env=env, cwd=REPO,
+        return subprocess.run([sys.executable, "-m", "rigd", *args], env=env, cwd=REPO,
                               capture_output=True, text=True, timeout=240)
 
     opened = rigd("open", "--surface", "terminal")

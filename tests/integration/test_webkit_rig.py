@@ -23,8 +23,8 @@ from PIL import Image
 from websockets.sync.client import connect
 
 from netgate.testing import DEFAULT_SITES, FakeInternet
+from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, build_browser
-from rigd.lane_client import LaneClient
 from tests.integration.conftest import make_data_dir, serving
 from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, latest_log, refused, sh
 

@@ -20,8 +20,8 @@ import pytest
 import trio
 from PIL import Image
 
-from rigd import cli
-from rigd.agent import (
+from rigd.client import cli
+from rigd.client.agent import (
     DROPPED_IMAGE,
     Agent,
     AgentError,
@@ -39,8 +39,8 @@ from rigd.agent import (
     printable,
     run_interruptible,
 )
-from rigd.cli import ClientError
-from rigd.tools import definitions, metadata, render_computer, text_result
+from rigd.client.cli import ClientError
+from rigd.tools.catalogue import definitions, metadata, render_computer, text_result
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -84,7 +84,7 @@ class FakeModel:
 
 
 class FakeRigd:
-    """A blocking RPC like :meth:`rigd.cli.Client.call`: ``tools.list`` from the real definitions,
+    """A blocking RPC like :meth:`rigd.client.cli.Client.call`: ``tools.list`` from the real definitions,
     ``rig.list``/``rig.close`` over a table of rigs; ``terminal_use`` opens the conversation's
     terminal as the server does; ``computer_use`` answers screenshots."""
 

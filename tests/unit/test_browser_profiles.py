@@ -18,7 +18,7 @@ from rigd.browser.profiles import (
     parse_state,
 )
 from rigd.errors import FieldError, RigdError
-from rigd.params import parse_open
+from rigd.rigs.params import parse_open
 
 COOKIE = {"name": "session", "value": "s3cr3t-cookie-value", "domain": "pages.test", "path": "/",
           "expires": 1893456000.5, "size": 30, "httpOnly": True, "secure": False, "session": False,

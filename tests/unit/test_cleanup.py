@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rigd.cleanup import remove_tree
+from netgate.cleanup import remove_tree
 
 LOG = logging.getLogger("rigd.test")
 

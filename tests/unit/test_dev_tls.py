@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rigd.cli import main as cli_main
+from rigd.client.cli import main as cli_main
 from rigd.errors import RigdError
 from rigd.ports import tls
 from rigd.ports.names import dev_name_problem, is_dev_name

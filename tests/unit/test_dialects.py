@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from rigd.dialects import (
+from rigd.errors import BackendError, FieldError
+from rigd.model import Display
+from rigd.tools.catalogue import definitions as openai_definitions
+from rigd.tools.dialects import (
     ANTHROPIC_ACTIONS,
     GEMINI_ACTIONS,
     OPENAI_ACTIONS,
@@ -23,9 +26,6 @@ from rigd.dialects import (
     render,
     translate,
 )
-from rigd.errors import BackendError, FieldError
-from rigd.model import Display
-from rigd.tools import definitions as openai_definitions
 from rigd.verbs.keys import KeySyntaxError, combo_for, modifiers_for, rig_key
 
 BIG = Frame.of(Display(2560, 1600))  # a downscaled display: scale 2

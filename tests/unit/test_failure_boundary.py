@@ -14,11 +14,11 @@ import pytest
 import trio
 
 from rigd.backends.fake import FakeBackend, FakeMachine
-from rigd.errors import BackendError, RigdError
-from rigd.failure import describe_failure, leaves
+from rigd.errors import BackendError, RigdError, leaves
 from rigd.model import Accel, Surface
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.api import RigApi
+from rigd.rigs.failure import describe_failure
+from rigd.rigs.manager import Caller, RigManager
 from rigd.store.aio import Stores
 
 pytestmark = pytest.mark.timeout(20)

@@ -15,15 +15,15 @@ import trio
 
 from rigd.backends.fake import FakeBackend
 from rigd.errors import Conflict, FieldError, Forbidden, NotFound
-from rigd.events import APPROVAL_DECIDED, APPROVAL_REQUESTED
-from rigd.guard import Guard, Rules, WorkspaceSettings, custom_image, verdict
 from rigd.model import Accel, ActionClass, Surface
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.api import RigApi
+from rigd.rigs.events import APPROVAL_DECIDED, APPROVAL_REQUESTED
+from rigd.rigs.guard import Guard, Rules, WorkspaceSettings, custom_image, verdict
+from rigd.rigs.manager import Caller, RigManager
 from rigd.server.methods import build_methods
 from rigd.server.rpc import Dispatcher
 from rigd.store.aio import Stores
-from rigd.tools import Tools
+from rigd.tools.catalogue import Tools
 
 pytestmark = pytest.mark.timeout(30)
 

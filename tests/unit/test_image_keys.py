@@ -23,7 +23,7 @@ from rigd.images.tools import tools_key
 PACKAGE = Path(rigd.__file__).resolve().parent
 #: Modules that run a server, import images or serve the CLI: never part of what an image is.
 NOT_BUILDERS = ("images/importer.py", "images/browser.py", "images/cache.py", "images/registry.py",
-                "images/pack.py", "cli.py", "server/main.py")
+                "images/pack.py", "client/cli.py", "server/main.py")
 
 
 @pytest.fixture

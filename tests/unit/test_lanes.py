@@ -17,8 +17,8 @@ from rigd.auth import Signer
 from rigd.backends.fake import FakeBackend, FakeLanes
 from rigd.backends.lanes import Clip, DropTarget
 from rigd.model import Accel, Surface
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.api import RigApi
+from rigd.rigs.manager import Caller, RigManager
 from rigd.server.app import ServerContext
 from rigd.server.lanes import LaneRouter, content_disposition
 from rigd.server.methods import build_methods

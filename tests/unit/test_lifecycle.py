@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from rigd.lifecycle import (
+from rigd.model import Phase
+from rigd.rigs.lifecycle import (
     TRANSITIONS,
     InvalidTransition,
     WrongPhase,
     check_transition,
     require_phase,
 )
-from rigd.model import Phase
 
 
 def test_every_phase_has_a_row_and_closed_is_terminal() -> None:

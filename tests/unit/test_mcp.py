@@ -22,8 +22,9 @@ from mcp_types import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPC
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 from PIL import Image
 
-from rigd.cli import ClientError
-from rigd.mcp import (
+from rigd.client.cli import ClientError
+from rigd.tools.catalogue import definitions, metadata, render_computer, text_result
+from rigd.tools.mcp import (
     META_ACTION_CLASSES,
     META_RIG_ID,
     Bridge,
@@ -35,7 +36,6 @@ from rigd.mcp import (
     to_mcp_tool,
     validator_of,
 )
-from rigd.tools import definitions, metadata, render_computer, text_result
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -58,7 +58,7 @@ SCREENSHOT = render_computer("screenshot", {
 
 
 class FakeRpc:
-    """A blocking RPC like :class:`rigd.cli.Client.call`, answering from a table."""
+    """A blocking RPC like :class:`rigd.client.cli.Client.call`, answering from a table."""
 
     def __init__(self, replies: dict[str, Any] | None = None) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []

@@ -1,4 +1,4 @@
-"""``/mcp`` without sockets: rigd.mcp.HttpEndpoint (the SDK's streamable-HTTP session manager
+"""``/mcp`` without sockets: rigd.tools.mcp.HttpEndpoint (the SDK's streamable-HTTP session manager
 behind rigd's checks) driven in process through httpx2's ASGI transport, by the SDK's own
 streamable-HTTP client and by raw HTTP requests, against a fake dispatcher."""
 
@@ -19,7 +19,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from rigd.errors import Forbidden, Unauthorized
-from rigd.mcp import (
+from rigd.tools.catalogue import text_result
+from rigd.tools.mcp import (
     CONVERSATION_HEADER,
     MAX_BODY,
     META_RIG_ID,
@@ -28,7 +29,6 @@ from rigd.mcp import (
     RpcError,
     dispatched,
 )
-from rigd.tools import text_result
 from tests.unit.test_mcp import SCREENSHOT, listing
 
 pytestmark = pytest.mark.timeout(30)

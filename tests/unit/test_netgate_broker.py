@@ -14,8 +14,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidTag
 
 from netgate.broker import BrokerRefused, RigCA, SecretStore
+from netgate.errors import InvalidField
 from netgate.policy import Policy
-from rigd.errors import FieldError
 
 SECRET = "ghp_s3cr3t-value-that-must-never-leak"
 
@@ -93,7 +93,7 @@ def test_tampered_row_does_not_decrypt(tmp_path: Path) -> None:
 def test_put_validation_names_the_field_not_the_value(tmp_path: Path, kwargs: dict[str, object],
                                                        field: str) -> None:
     args: dict[str, object] = {"name": "n", "value": SECRET, "hosts": ["a.example"]} | kwargs
-    with pytest.raises(FieldError) as info:
+    with pytest.raises(InvalidField) as info:
         SecretStore(tmp_path).put("ws", **args)  # type: ignore[arg-type]
     assert info.value.field == field
     assert SECRET not in str(info.value)

@@ -6,6 +6,7 @@ import ipaddress
 
 import pytest
 
+from netgate.errors import InvalidField
 from netgate.policy import (
     HostService,
     Policy,
@@ -16,7 +17,6 @@ from netgate.policy import (
     refusal_reason,
     validate_pattern,
 )
-from rigd.errors import FieldError
 
 
 @pytest.mark.parametrize(("pattern", "name", "expected"), [
@@ -70,17 +70,17 @@ def test_valid_patterns_are_normalized(raw: str, expected: str) -> None:
     ("127.1", "not a valid host name"),
 ])
 def test_invalid_patterns_are_refused(raw: str, why: str) -> None:
-    with pytest.raises(FieldError) as info:
+    with pytest.raises(InvalidField) as info:
         validate_pattern(raw, "egress.allow[3]")
     assert info.value.field == "egress.allow[3]"
     assert why in info.value.reason
 
 
 def test_parse_allow_names_the_index() -> None:
-    with pytest.raises(FieldError) as info:
+    with pytest.raises(InvalidField) as info:
         parse_allow(["ok.example", "also.ok", 17])
     assert info.value.field == "egress.allow[2]"
-    with pytest.raises(FieldError) as info:
+    with pytest.raises(InvalidField) as info:
         parse_allow("example.com")
     assert info.value.field == "egress.allow"
 
@@ -154,6 +154,6 @@ def test_build_policy_per_surface() -> None:
     assert browser.allow == ("product.example",)
     first = build_policy("browser", extra_defaults=["product.example"], first_boot=True)
     assert first.allows("deb.debian.org")
-    with pytest.raises(FieldError) as info:
+    with pytest.raises(InvalidField) as info:
         build_policy("terminal", ["ok.example", "*"])
     assert info.value.field == "egress.allow[1]"

@@ -27,7 +27,7 @@ from rigd.backends.fake import FakeBackend
 from rigd.errors import RigdError
 from rigd.images.importer import ImportedImage, ImportProgress, images_dir
 from rigd.model import Accel, Surface
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.manager import Caller, RigManager
 from rigd.server import main as server_main
 from rigd.server.imports import KEEP_JOBS, ImportJobs, rate_and_eta
 from rigd.server.main import desktop_images, which_boots

@@ -6,7 +6,7 @@ import pytest
 
 from rigd.errors import FieldError
 from rigd.model import ENGINE_MEMORY_MB, LIMITS, Engine, Surface
-from rigd.params import parse_open
+from rigd.rigs.params import parse_open
 
 
 def test_defaults_come_from_the_limits_table() -> None:
@@ -59,7 +59,7 @@ def test_not_an_object() -> None:
 
 @pytest.mark.parametrize("port", [8000.0, "8000", True, 0, 65536])
 def test_a_port_is_an_integer_in_range(port: object) -> None:
-    from rigd.params import parse_domain_set, parse_port_share
+    from rigd.rigs.params import parse_domain_set, parse_port_share
 
     for parse, extra in ((parse_port_share, {"lan": False}), (parse_domain_set, {"name": "app.test"})):
         with pytest.raises(FieldError) as exc:

@@ -14,8 +14,8 @@ import trio
 from rigd.backends.fake import FakeBackend
 from rigd.errors import Conflict, Forbidden
 from rigd.model import Accel, Surface
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.api import RigApi
+from rigd.rigs.manager import Caller, RigManager
 from rigd.store.aio import Stores
 
 pytestmark = pytest.mark.timeout(20)

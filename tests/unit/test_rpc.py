@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rigd.errors import FieldError
-from rigd.rigs import Caller
+from rigd.rigs.manager import Caller
 from rigd.server.rpc import Dispatcher, Method
 from rigd.store.server_db import User
 

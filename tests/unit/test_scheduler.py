@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rigd.model import CloseReason, Phase
-from rigd.scheduler import Admit, Close, Park, Refuse, RigState, plan_admission, plan_idle
+from rigd.rigs.scheduler import Admit, Close, Park, Refuse, RigState, plan_admission, plan_idle
 
 T0 = 1000.0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rigd.framing import untrusted_bytes
-from rigd.tools import definitions, metadata, render_browser
+from rigd.tools.catalogue import definitions, metadata, render_browser
 from rigd.verbs.browser import VERBS
 
 

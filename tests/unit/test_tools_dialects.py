@@ -14,10 +14,10 @@ import trio
 from rigd.backends.fake import FakeBackend, FakeMachine
 from rigd.errors import FieldError, NotFound
 from rigd.model import Accel, Surface
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller, RigManager
+from rigd.rigs.api import RigApi
+from rigd.rigs.manager import Caller, RigManager
 from rigd.store.aio import Stores
-from rigd.tools import Tools, definitions, metadata
+from rigd.tools.catalogue import Tools, definitions, metadata
 
 pytestmark = pytest.mark.timeout(20)
 

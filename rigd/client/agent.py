@@ -22,7 +22,7 @@ conversation opened during the run: those ``rig.list`` shows that it did not
 show before the run.
 
 Both blocking clients -- the ``openai`` SDK's synchronous client and
-:class:`rigd.cli.Client` for the RPC -- run on worker threads
+:class:`rigd.client.cli.Client` for the RPC -- run on worker threads
 (``trio.to_thread.run_sync``): Trio is the one loop, and the SDK's async client
 runs on asyncio (``docs/decisions.md``).
 """
@@ -104,7 +104,7 @@ class ReplyError(Exception):
 
 # -- the server's tools, parsed at the edge -------------------------------------------------------
 #
-# The same reading as rigd/mcp.py's (a function definition per tool, its parameters a JSON Schema
+# The same reading as rigd/tools/mcp.py's (a function definition per tool, its parameters a JSON Schema
 # checked before a call is forwarded, so a malformed call costs no rig), written again here: that
 # module imports the MCP SDK, seconds of start-up for a command that needs none of it.
 

@@ -40,11 +40,11 @@ from typing import Any
 import trio
 
 from rigd.errors import Conflict, FieldError, Forbidden, NotFound
-from rigd.events import APPROVAL_DECIDED, APPROVAL_REQUESTED, EventBus
 from rigd.images.registry import parse_reference
-from rigd.live_rig import Caller
 from rigd.model import TOOL_ACTION_CLASSES, ActionClass
-from rigd.params import ID_RE, boolean, ident, integer, no_extra, obj, string
+from rigd.rigs.events import APPROVAL_DECIDED, APPROVAL_REQUESTED, EventBus
+from rigd.rigs.live import Caller
+from rigd.rigs.params import ID_RE, boolean, ident, integer, no_extra, obj, string
 from rigd.store.aio import Stores
 from rigd.store.server_db import User, Workspace
 from rigd.store.util import iso, new_id, utcnow

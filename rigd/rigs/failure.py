@@ -1,6 +1,6 @@
 """What a rig's failure says, whatever raised it.
 
-A rig is a failure boundary (see :meth:`rigd.rigs.RigManager._rig_task`):
+A rig is a failure boundary (see :meth:`rigd.rigs.manager.RigManager._rig_task`):
 errors from its tasks arrive plain or grouped (a nursery wraps them), and
 the rig's ``failure`` must read as one sentence a person can act on. A
 :class:`~rigd.errors.RigdError` is already such a sentence; a host
@@ -10,18 +10,9 @@ and message (its traceback goes to the server log, never to the rig).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from rigd.errors import RigdError
-
-
-def leaves(exc: BaseException) -> Iterator[BaseException]:
-    """The exceptions inside (nested) groups, depth first; a plain one is its own leaf."""
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            yield from leaves(sub)
-    else:
-        yield exc
+from rigd.errors import RigdError, leaves
 
 
 def describe_failure(

@@ -12,7 +12,7 @@ with ``isError: true`` whose text names what was wrong, so a model can correct i
 session keeps serving.
 
 - stdio (``rigd mcp``, :func:`run`): a separate process; the RPC is the blocking
-  :class:`rigd.cli.Client` on a worker thread (``trio.to_thread.run_sync``); the workspace and
+  :class:`rigd.client.cli.Client` on a worker thread (``trio.to_thread.run_sync``); the workspace and
   conversation come from the command line. Stdout carries the protocol: logs go to stderr only.
 - streamable HTTP (``/mcp``, :class:`HttpEndpoint`): inside the rigd server, on its Trio loop;
   the SDK's session manager behind rigd's checks (bearer token, ``Origin``, workspace). The RPC
@@ -55,10 +55,10 @@ from mcp.shared.exceptions import MCPError
 from rigd import __version__
 from rigd.auth import bearer
 from rigd.errors import FieldError, Forbidden, Unauthorized
-from rigd.params import ID_RE
+from rigd.rigs.params import ID_RE
 
 if TYPE_CHECKING:
-    from rigd.live_rig import Caller
+    from rigd.rigs.live import Caller
 
 log = logging.getLogger("rigd.mcp")
 
@@ -418,7 +418,7 @@ Authenticate = Callable[[str | None], Awaitable["Caller"]]
 
 
 class RpcError(Exception):
-    """A JSON-RPC error of the rigd server, as text the model reads (``rigd.cli.Client``'s)."""
+    """A JSON-RPC error of the rigd server, as text the model reads (``rigd.client.cli.Client``'s)."""
 
 
 def dispatched(handle: Handle) -> AsyncRpc:

@@ -301,9 +301,9 @@ def cmd_rpc(args: argparse.Namespace) -> int:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     """``rigd mcp``: the agent tools as an MCP server on stdio (stdout is the protocol)."""
-    from rigd import mcp
     from rigd.errors import FieldError
     from rigd.logs import setup
+    from rigd.tools import mcp
 
     if args.token_file:
         try:
@@ -337,9 +337,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     """``rigd agent``: the reference loop (a model on an OpenAI-compatible endpoint drives rigs)."""
     import urllib.parse
 
-    from rigd import agent
+    from rigd.client import agent
     from rigd.logs import setup
-    from rigd.params import ID_RE
+    from rigd.rigs.params import ID_RE
 
     base = urllib.parse.urlsplit(args.base_url)
     if base.scheme not in ("http", "https") or not base.netloc:
@@ -374,7 +374,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_term(args: argparse.Namespace) -> int:
-    from rigd.term_client import run_terminal
+    from rigd.client.terminal import run_terminal
 
     client = Client.from_args(args)
     signed = client.call("rig.terminalUrl", {"rigId": args.rig})
@@ -384,7 +384,7 @@ def cmd_term(args: argparse.Namespace) -> int:
 
 def cmd_cp(args: argparse.Namespace) -> int:
     """``rigd cp LOCAL… rig_x:`` drops files; ``rigd cp rig_x:/path LOCAL`` copies one out."""
-    from rigd.lane_client import LaneClient, LaneError, split_remote
+    from rigd.client.lanes import LaneClient, LaneError, split_remote
 
     client = Client.from_args(args)
     lanes = LaneClient(client.url, client.token)
@@ -413,7 +413,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
 
 def cmd_clip(args: argparse.Namespace) -> int:
     """``rigd clip get RIG`` prints the rig's clipboard; ``rigd clip set RIG`` sets it from stdin."""
-    from rigd.lane_client import LaneClient, LaneError, sniff_type
+    from rigd.client.lanes import LaneClient, LaneError, sniff_type
 
     client = Client.from_args(args)
     lanes = LaneClient(client.url, client.token)
@@ -480,7 +480,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import logging
     import tempfile
 
-    from rigd.cleanup import remove_tree
+    from netgate.cleanup import remove_tree
     from rigd.server.main import publish_assets
 
     built = find_assets(Path(args.cache_dir) if args.cache_dir else None)

@@ -1,4 +1,5 @@
-"""Cleanups that must never fail their caller, and must never fail silently.
+"""Cleanups that must never fail their caller, and must never fail silently (netgate's
+namespaces and rigd's scratch directories alike).
 
 A teardown that raises can hide the error that caused it, so removing
 scratch directories is best effort; but a directory that could not be

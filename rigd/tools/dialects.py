@@ -2,7 +2,7 @@
 
 ``tools.list {dialect}`` and ``tools.call {…, dialect}`` speak one of:
 
-- ``openai`` — rigd's own function tools (``rigd.tools.definitions``), the default.
+- ``openai`` — rigd's own function tools (``rigd.tools.catalogue.definitions``), the default.
 - ``anthropic`` — Anthropic's ``computer`` tool (``computer_20250124``, or
   ``computer_20251124`` with ``zoom``) drives a computer rig; the other tools
   are rigd's, as Anthropic custom tools (``input_schema``).

@@ -6,7 +6,7 @@ Every method takes typed parameters, parsed at the server edge by
 method). Visibility: every method resolves the rig through the caller's
 memberships; a rig of a workspace the caller is not in answers exactly like a
 missing rig. The lifecycle itself — booting, failing, closing, parking,
-reaping, leases — is :class:`rigd.rigs.RigManager`'s.
+reaping, leases — is :class:`rigd.rigs.manager.RigManager`'s.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from typing import Any
 
 import trio
 
-from rigd import lifecycle
 from rigd.errors import BackendError, Conflict, FieldError, Forbidden, RigdError
-from rigd.live_rig import Caller, LiveRig
 from rigd.model import ACCEL_OF, BACKEND_OF, TOOL_SURFACES, Accel, CloseReason, Display, Phase, Surface, Tool
-from rigd.params import (
+from rigd.ports.forwards import RigPorts
+from rigd.ports.hub import PortsHub
+from rigd.rigs import lifecycle
+from rigd.rigs.live import Caller, LiveRig
+from rigd.rigs.manager import CONTROL_LEASE_S, WATCH_LAPSE_S, RigManager, egress_json
+from rigd.rigs.params import (
     ActParams,
     ControlParams,
     ConversationParams,
@@ -47,10 +50,7 @@ from rigd.params import (
     parse_port_share,
     parse_rig_ref,
 )
-from rigd.ports.forwards import RigPorts
-from rigd.ports.hub import PortsHub
-from rigd.render import iso_at
-from rigd.rigs import CONTROL_LEASE_S, WATCH_LAPSE_S, RigManager, egress_json
+from rigd.rigs.render import iso_at
 from rigd.store.util import iso, utcnow
 from rigd.verbs import ParseContext, audit_args, is_observation, parse_action
 from rigd.verbs.base import DESKTOP_MIN

@@ -16,15 +16,15 @@ from typing import Any
 import trio
 from openai.types.chat import ChatCompletionToolParam
 
-from rigd import dialects
-from rigd.dialects import ANTHROPIC_TOOL_TYPES, Call, Dialect, Frame
 from rigd.errors import BackendError, FieldError, RigdError
 from rigd.framing import UNTRUSTED_NOTE, frame_text
-from rigd.guard import Guard, Request, approval_timeout
 from rigd.model import BUILT_ENGINES, LIMITS, TOOL_ACTION_CLASSES, Display, Surface, Tool
-from rigd.params import ident, no_extra, obj, string
-from rigd.rig_api import RigApi
-from rigd.rigs import Caller
+from rigd.rigs.api import RigApi
+from rigd.rigs.guard import Guard, Request, approval_timeout
+from rigd.rigs.manager import Caller
+from rigd.rigs.params import ident, no_extra, obj, string
+from rigd.tools import dialects
+from rigd.tools.dialects import ANTHROPIC_TOOL_TYPES, Call, Dialect, Frame
 from rigd.verbs import ParseContext, TerminalExec, parse_action
 from rigd.verbs.browser import VERBS as BROWSER_VERBS
 from rigd.verbs.computer import VERBS as COMPUTER_VERBS

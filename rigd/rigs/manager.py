@@ -5,7 +5,7 @@ the backend's ``open_machine`` context (boot), marks the rig ``ready``, and
 then waits for one of two things: the machine dying on its own (the rig
 becomes ``failed`` with ``backendFailure``), or a close, which cancels the
 task so the backend tears the machine down in a shielded scope. Phase changes
-go through :func:`rigd.lifecycle.check_transition` and are written to the
+go through :func:`rigd.rigs.lifecycle.check_transition` and are written to the
 workspace database as they happen.
 
 Visibility: every method resolves the rig through the caller's memberships;
@@ -35,15 +35,11 @@ from typing import Any
 
 import trio
 
+from netgate.errors import NetgateError
 from netgate.policy import Policy, build_policy
-from rigd import lifecycle
 from rigd.backends.base import ExecResult, Machine, MachineBackend, MachineSpec, NetSpec
 from rigd.backends.layout import LeftBehind
-from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError
-from rigd.events import EventBus
-from rigd.failure import describe_failure, leaves
-from rigd.guard import WorkspaceSettings, custom_image
-from rigd.live_rig import NET_AUDIT_BUFFER, Caller, LiveRig, net_audit_sink, rig_state, write_net_audit
+from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError, from_netgate, leaves
 from rigd.model import (
     ACCEL_OF,
     DESKTOP_SESSION_USER,
@@ -53,12 +49,17 @@ from rigd.model import (
     Phase,
     Surface,
 )
-from rigd.params import OpenParams
 from rigd.ports.hub import PortsHub
 from rigd.ports.mux import MuxError
 from rigd.protocols.input import Step
-from rigd.render import exec_json, rig_json
-from rigd.scheduler import Admit, Park, counted, plan_admission, plan_idle
+from rigd.rigs import lifecycle
+from rigd.rigs.events import EventBus
+from rigd.rigs.failure import describe_failure
+from rigd.rigs.guard import WorkspaceSettings, custom_image
+from rigd.rigs.live import NET_AUDIT_BUFFER, Caller, LiveRig, net_audit_sink, rig_state, write_net_audit
+from rigd.rigs.params import OpenParams
+from rigd.rigs.render import exec_json, rig_json
+from rigd.rigs.scheduler import Admit, Park, counted, plan_admission, plan_idle
 from rigd.store.aio import Stores
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
@@ -214,7 +215,10 @@ class RigManager:
                     "has neither a usable tap nor user networking)",
                 )
             return None
-        return build_policy(surface.value, allow, defaults=defaults)
+        try:
+            return build_policy(surface.value, allow, defaults=defaults)
+        except NetgateError as exc:
+            raise from_netgate(exc) from None
 
     async def start(
         self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB

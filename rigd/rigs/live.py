@@ -14,8 +14,8 @@ from netgate.policy import Policy
 from netgate.proxy import AuditEvent
 from rigd.backends.base import Machine
 from rigd.model import Phase
-from rigd.params import OpenParams
-from rigd.scheduler import RigState
+from rigd.rigs.params import OpenParams
+from rigd.rigs.scheduler import RigState
 from rigd.store.server_db import User
 from rigd.store.workspace_db import RigRow, WorkspaceDB
 

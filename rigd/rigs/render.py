@@ -15,7 +15,7 @@ from rigd.store.util import iso
 from rigd.store.workspace_db import RigRow
 
 if TYPE_CHECKING:
-    from rigd.live_rig import LiveRig
+    from rigd.rigs.live import LiveRig
 
 TCG_NOTE = (
     "running under TCG (software emulation): not a security boundary; "
