@@ -24,9 +24,12 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
+
+if TYPE_CHECKING:
+    from websockets.trio.client import ClientConnection
 
 from rigd.protocols.cdp import (
     MAX_MESSAGE_CHARS,
@@ -375,7 +378,7 @@ class CDPSession:
 class WebSocketTransport:
     """A ``websockets.trio`` client connection as a :class:`Transport`."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: ClientConnection) -> None:
         self._ws = ws
 
     async def send(self, text: str) -> None:

@@ -30,7 +30,7 @@ import io
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,13 +39,8 @@ from PIL import Image
 
 import rigd.verbs.browser as bv
 from rigd.browser.bidi_input import (
-    KEYBOARD_ID,
-    MOUSE_ID,
-    WHEEL_ID,
     Sleep,
     plan_bidi,
-    press_actions,
-    text_actions,
 )
 from rigd.browser.cdp import CDPConnection, Subscription
 from rigd.browser.live_input import PointerState
@@ -56,42 +51,25 @@ from rigd.browser.page import (
     CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
     DOM_SCRIPT,
-    DRAG_STEPS,
     EXTRACT_MAX_BYTES,
-    FILL,
-    FOCUSED_EDITABLE,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
-    LOAD_TIMEOUT_S,
     PAGE_SIZE,
-    POINT,
     RESTORE_STORAGE,
-    SCROLL,
     STORAGE,
-    TITLE,
-    TITLE_MAX_CHARS,
-    TITLE_TIMEOUT_S,
-    WHEEL_NOTCH_PX,
     WORLD_NAME,
     PageError,
-    check_fill_verdict,
-    check_point,
-    element_centre,
     origin_of,
-    scroll_xy,
-    selector_engine,
-    settled,
     text_json,
-    typed,
-    wait_for_selector,
 )
 from rigd.browser.profiles import ProfileState, parse_state
-from rigd.errors import Conflict, FieldError
+from rigd.browser.w3c import W3CActionsDriver
+from rigd.errors import FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.bidi import error_code
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Fields
 from rigd.protocols.input import Step
-from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection, ScrollDirection
+from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection
 
 log = logging.getLogger("rigd.browser.firefox")
 
@@ -108,7 +86,6 @@ CAPABILITIES: dict[str, dict[str, Any]] = {"alwaysMatch": {"acceptInsecureCerts"
 FULL_PAGE_MAX_WIDTH = 2560
 MAX_PIXELS = FULL_PAGE_MAX_WIDTH * FULL_PAGE_MAX_HEIGHT
 #: Key actions sent in one ``input.performActions`` (128 characters' down and up).
-KEY_CHUNK = 256
 #: How long the session's start may take (a cold remote agent under TCG).
 SESSION_NEW_TIMEOUT_S = 120.0
 #: How long one live-view poll may take to come back (a busy page answers late, not never).
@@ -289,28 +266,19 @@ def cookie_to_bidi(saved: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class FirefoxDriver:
-    """The browser_use verbs on one tab. Made by :func:`open_firefox`."""
+class FirefoxDriver(W3CActionsDriver):
+    """The browser_use verbs on one tab (the shared ones in :class:`W3CActionsDriver`, over
+    BiDi). Made by :func:`open_firefox`."""
+
+    GONE = "the page's tab ended"
 
     def __init__(self, conn: CDPConnection, context: str, events: Subscription,
                  *, viewport: Display = BOOT_VIEWPORT, version: str = "") -> None:
         self.conn = conn
         self.context = context
-        self.viewport = viewport
-        self.version = version
-        self.pointer: tuple[int, int] = (0, 0)
-        self.button_down = False
-        self.load_timeout_s = LOAD_TIMEOUT_S
-        self.title_timeout_s = TITLE_TIMEOUT_S
         self._events = events
         self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
-        self._console_dropped = 0
-        self._input_lock = trio.Lock()
-        self._gone: str | None = None
-        self._gone_event = trio.Event()
-        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
-            spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
-        }
+        super().__init__(viewport=viewport, version=version)
 
     # -- setup and the session's events --
 
@@ -348,10 +316,6 @@ class FirefoxDriver:
             self._console_dropped += 1
         self._console.append(line)
 
-    async def ended(self) -> str:
-        await self._gone_event.wait()
-        return self._gone or "the page's tab ended"
-
     # -- plumbing --
 
     async def _script(self, function: str, *args: Any, timeout: float | None = None,
@@ -367,29 +331,15 @@ class FirefoxDriver:
             "awaitPromise": True, "resultOwnership": "none", "userActivation": activation,
         }, parse_script_result, timeout=timeout)
 
+    async def _is_secure_context(self) -> bool:
+        return await self._script("() => window.isSecureContext", page_realm=True) is True
+
     async def _url(self) -> str:
         return await self.conn.call("browsingContext.getTree", {"root": self.context, "maxDepth": 0},
                                     _context_url)
 
-    async def _page_json(self) -> dict[str, Any]:
-        url = await self._url()
-        title = ""
-        with contextlib.suppress(CDPError):
-            got = await self._script(TITLE, timeout=self.title_timeout_s)
-            if isinstance(got, str):
-                title = got
-        return {"url": url[:8192], "title": text_json(title[:TITLE_MAX_CHARS], 4096)}
-
     async def _actions(self, *sources: dict[str, Any]) -> None:
         await self.conn.send("input.performActions", {"context": self.context, "actions": list(sources)})
-
-    @staticmethod
-    def _mouse(actions: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"type": "pointer", "id": MOUSE_ID, "parameters": {"pointerType": "mouse"}, "actions": actions}
-
-    @staticmethod
-    def _move(point: tuple[int, int]) -> dict[str, Any]:
-        return {"type": "pointerMove", "x": point[0], "y": point[1], "origin": "viewport"}
 
     async def perform(self, action: Action) -> dict[str, Any]:
         handler = self.verbs.get(action.verb)
@@ -458,124 +408,6 @@ class FirefoxDriver:
         if a.hard:
             out["note"] = NO_HARD_RELOAD
         return out
-
-    async def _do_stop_loading(self, _a: bv.BrowserStopLoading) -> dict[str, Any]:
-        await self._script("() => { window.stop(); }")
-        return {**await self._page_json(), "stopped": True}
-
-    # -- elements --
-
-    async def _element_point(self, selector: str) -> tuple[int, int]:
-        engine, body = selector_engine(selector)
-        return element_centre(await self._script(POINT, engine, body), engine, self.viewport)
-
-    # -- pointer --
-
-    def _check_point(self, point: tuple[int, int], field: str) -> None:
-        check_point(self.viewport, point, field)
-
-    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
-        async with self._input_lock:
-            if a.selector is not None:
-                point = await self._element_point(a.selector)
-            else:
-                assert a.coordinate is not None
-                point = a.coordinate
-                self._check_point(point, "action.coordinate")
-            await self._actions(self._mouse([self._move(point), {"type": "pointerDown", "button": 0},
-                                             {"type": "pointerUp", "button": 0}]))
-            self.pointer, self.button_down = point, False
-        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
-        if a.selector is not None:
-            out["selector"] = a.selector
-        return out
-
-    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
-        self._check_point(a.coordinate, "action.coordinate")
-        async with self._input_lock:
-            await self._actions(self._mouse([self._move(a.coordinate)]))
-            self.pointer = a.coordinate
-        return {"coordinate": list(a.coordinate)}
-
-    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
-        self._check_point(a.start, "action.start_coordinate")
-        self._check_point(a.end, "action.coordinate")
-        steps: list[dict[str, Any]] = [self._move(a.start), {"type": "pointerDown", "button": 0}]
-        for step in range(1, DRAG_STEPS + 1):
-            steps.append({**self._move((a.start[0] + (a.end[0] - a.start[0]) * step // DRAG_STEPS,
-                                        a.start[1] + (a.end[1] - a.start[1]) * step // DRAG_STEPS)),
-                          "duration": 20})
-        steps.append({"type": "pointerUp", "button": 0})
-        async with self._input_lock:
-            await self._actions(self._mouse(steps))
-            self.pointer, self.button_down = a.end, False
-        return {"from": list(a.start), "to": list(a.end)}
-
-    async def _button(self, down: bool) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._actions(self._mouse([self._move(self.pointer),
-                                             {"type": "pointerDown" if down else "pointerUp", "button": 0}]))
-            self.button_down = down
-        return {"coordinate": list(self.pointer), "button": "left", "down": down}
-
-    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
-        return await self._button(True)
-
-    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
-        return await self._button(False)
-
-    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
-        point = a.coordinate if a.coordinate is not None else self.pointer
-        self._check_point(point, "action.coordinate")
-        px = a.amount * WHEEL_NOTCH_PX
-        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
-                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
-        async with self._input_lock:
-            if point != self.pointer:
-                await self._actions(self._mouse([self._move(point)]))
-                self.pointer = point
-            await self._actions({"type": "wheel", "id": WHEEL_ID, "actions": [
-                {"type": "scroll", "x": point[0], "y": point[1], "deltaX": dx, "deltaY": dy}]})
-        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point)}
-        position = await self._scroll_settled()
-        if position is not None:
-            out["scrollPosition"] = {"x": position[0], "y": position[1]}
-        return out
-
-    async def _scroll_position(self) -> tuple[int, int] | None:
-        return scroll_xy(await self._script(SCROLL))
-
-    async def _scroll_settled(self) -> tuple[int, int] | None:
-        """The page's scroll position once it stops changing (a smooth scroll animates)."""
-        return await settled(self._scroll_position)
-
-    # -- keyboard --
-
-    async def _keys(self, actions: list[dict[str, Any]]) -> None:
-        """Key actions in chunks: Firefox runs them one by one (a long text would outlast one
-        command's deadline), and its input state carries a held key from chunk to chunk."""
-        for i in range(0, len(actions), KEY_CHUNK):
-            await self._actions({"type": "key", "id": KEYBOARD_ID, "actions": actions[i:i + KEY_CHUNK]})
-
-    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
-        actions = text_actions(a.text)
-        focused = await self._script(f"() => {FOCUSED_EDITABLE}") is True
-        async with self._input_lock:
-            await self._keys(actions)
-        return typed(len(a.text), focused)
-
-    async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
-        engine, body = selector_engine(a.selector)
-        actions = text_actions(a.text)
-        async with self._input_lock:
-            check_fill_verdict(await self._script(FILL, engine, body, not a.text), engine)
-            await self._keys(actions)
-        return {"selector": a.selector, "characters": len(a.text)}
-
-    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._keys(press_actions(a.combo))
-        return {"key": str(a.combo)}
 
     # -- observations --
 
@@ -700,24 +532,7 @@ class FirefoxDriver:
             out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
         return out
 
-    async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
-        return await wait_for_selector(self._script, a.selector, a.timeout_s, CDPError)
-
     # -- clipboard --
-
-    async def _secure_origin(self, verb: str) -> None:
-        parts = urlsplit(await self._url())
-        if parts.scheme == "http":
-            raise Conflict(
-                f"{verb}: this page is served over plain http://, which has no Clipboard API (it is not "
-                "a secure context); use type, which inserts at the caret without the clipboard",
-                reason="not a secure context", field="action.action",
-            )
-        if parts.scheme != "https" or await self._script("() => window.isSecureContext",
-                                                         page_realm=True) is not True:
-            raise Conflict(f"{verb}: this page ({parts.scheme}:) is not a secure https:// context, so it has "
-                           "no Clipboard API; use type instead", reason="not a secure context",
-                           field="action.action")
 
     async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
         await self._secure_origin("clipboard_read")

@@ -41,7 +41,7 @@ import trio
 from PIL import Image
 
 import rigd.verbs.browser as bv
-from rigd.browser.bidi_input import KEYBOARD_ID, MOUSE_ID, Sleep, plan_bidi, press_actions, text_actions
+from rigd.browser.bidi_input import Sleep, plan_bidi
 from rigd.browser.firefox import MAX_PIXELS, fit_jpeg
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
@@ -51,35 +51,20 @@ from rigd.browser.page import (
     CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
     DOM_SCRIPT,
-    DRAG_STEPS,
     EXTRACT_MAX_BYTES,
-    FILL,
-    FOCUSED_EDITABLE,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     LOAD_TIMEOUT_S,
     PAGE_SIZE,
-    POINT,
     RESTORE_STORAGE,
-    SCROLL,
     STORAGE,
-    TITLE,
-    TITLE_MAX_CHARS,
-    TITLE_TIMEOUT_S,
-    WHEEL_NOTCH_PX,
     PageError,
-    check_fill_verdict,
-    check_point,
-    element_centre,
     origin_of,
     scroll_xy,
-    selector_engine,
-    settled,
     text_json,
-    typed,
-    wait_for_selector,
 )
 from rigd.browser.profiles import ProfileState, parse_state
+from rigd.browser.w3c import W3CActionsDriver
 from rigd.browser.webdriver import WebDriverCommandFailed, WebDriverConnection
 from rigd.errors import Conflict, FieldError
 from rigd.model import AGENT_STILL_MAX, Display
@@ -90,7 +75,6 @@ from rigd.verbs.base import (
     BrowserAction,
     ExtractKind,
     HistoryDirection,
-    ScrollDirection,
     is_observation,
 )
 
@@ -112,7 +96,6 @@ COMMAND_SLACK_S = 15.0
 SESSION_NEW_TIMEOUT_S = 120.0
 CAPTURE_TIMEOUT_S = 60.0
 #: Key actions sent in one ``actions`` command.
-KEY_CHUNK = 256
 #: How often the window is asked whether it is still there (and the connection kept used).
 ALIVE_EVERY_S = 5.0
 #: The W3C errors that mean the session or its window is gone for good.
@@ -293,30 +276,24 @@ def one_code_point_keys(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 XClipboard = Callable[[str | None], Awaitable[str]]
 
 
-class WebKitDriver:
-    """The browser_use verbs on one WebKit window. Made by :func:`open_webkit`."""
+class WebKitDriver(W3CActionsDriver):
+    """The browser_use verbs on one WebKit window (the shared ones in :class:`W3CActionsDriver`,
+    over WebDriver classic). Made by :func:`open_webkit`."""
+
+    GONE = "the page's window ended"
 
     def __init__(self, conn: WebDriverConnection, session: str, *, viewport: Display = BOOT_VIEWPORT,
                  version: str = "", clipboard: XClipboard | None = None) -> None:
         self.conn = conn
         self.x_clipboard = clipboard
         self.session = session
-        self.viewport = viewport
-        self.version = version
-        self.pointer: tuple[int, int] = (0, 0)
-        self.button_down = False
-        self.load_timeout_s = LOAD_TIMEOUT_S
-        self.title_timeout_s = TITLE_TIMEOUT_S
         self._console: list[str] = []
-        self._console_dropped = 0
-        self._input_lock = trio.Lock()
-        self._gone: str | None = None
-        self._gone_event = trio.Event()
         #: Saved local storage to put back into each document of a saved origin (a profile).
         self._restore: dict[str, dict[str, str]] = {}
-        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
-            spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
-        }
+        super().__init__(viewport=viewport, version=version)
+
+    def _key_actions(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return one_code_point_keys(actions)
 
     # -- plumbing --
 
@@ -355,10 +332,6 @@ class WebKitDriver:
             except CDPError:
                 continue  # a busy page answers late, not never: the connection's end is what counts
 
-    async def ended(self) -> str:
-        await self._gone_event.wait()
-        return self._gone or "the page's window ended"
-
     async def _script(self, function: str, *args: Any, timeout: float | None = None) -> Any:
         """A function's JSON answer, run in the page (WebDriver classic has no isolated world)."""
         raw = await self._cmd("POST", "/execute/async", {"script": _call(function), "args": list(args)},
@@ -371,25 +344,8 @@ class WebKitDriver:
             raise CDPProtocolError("GET url: not a string")
         return got[:1 << 20]
 
-    async def _page_json(self) -> dict[str, Any]:
-        url = await self._url()
-        title = ""
-        with contextlib.suppress(CDPError):
-            got = await self._script(TITLE, timeout=self.title_timeout_s)
-            if isinstance(got, str):
-                title = got
-        return {"url": url[:8192], "title": text_json(title[:TITLE_MAX_CHARS], 4096)}
-
     async def _actions(self, *sources: dict[str, Any]) -> None:
         await self._cmd("POST", "/actions", {"actions": list(sources)}, timeout=60)
-
-    @staticmethod
-    def _mouse(actions: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"type": "pointer", "id": MOUSE_ID, "parameters": {"pointerType": "mouse"}, "actions": actions}
-
-    @staticmethod
-    def _move(point: tuple[int, int]) -> dict[str, Any]:
-        return {"type": "pointerMove", "x": point[0], "y": point[1], "origin": "viewport"}
 
     async def perform(self, action: Action) -> dict[str, Any]:
         handler = self.verbs.get(action.verb)
@@ -462,119 +418,14 @@ class WebKitDriver:
             out["note"] = NO_HARD_RELOAD + ("; " + out["note"] if "note" in out else "")
         return out
 
-    async def _do_stop_loading(self, _a: bv.BrowserStopLoading) -> dict[str, Any]:
-        await self._script("() => { window.stop(); }")
-        return {**await self._page_json(), "stopped": True}
-
-    # -- elements --
-
-    async def _element_point(self, selector: str) -> tuple[int, int]:
-        engine, body = selector_engine(selector)
-        return element_centre(await self._script(POINT, engine, body), engine, self.viewport)
-
     # -- pointer --
-
-    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
-        async with self._input_lock:
-            if a.selector is not None:
-                point = await self._element_point(a.selector)
-            else:
-                assert a.coordinate is not None
-                point = a.coordinate
-                check_point(self.viewport, point, "action.coordinate")
-            await self._actions(self._mouse([self._move(point), {"type": "pointerDown", "button": 0},
-                                             {"type": "pointerUp", "button": 0}]))
-            self.pointer, self.button_down = point, False
-        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
-        if a.selector is not None:
-            out["selector"] = a.selector
-        return out
-
-    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
-        check_point(self.viewport, a.coordinate, "action.coordinate")
-        async with self._input_lock:
-            await self._actions(self._mouse([self._move(a.coordinate)]))
-            self.pointer = a.coordinate
-        return {"coordinate": list(a.coordinate)}
-
-    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
-        check_point(self.viewport, a.start, "action.start_coordinate")
-        check_point(self.viewport, a.end, "action.coordinate")
-        steps: list[dict[str, Any]] = [self._move(a.start), {"type": "pointerDown", "button": 0}]
-        for step in range(1, DRAG_STEPS + 1):
-            steps.append({**self._move((a.start[0] + (a.end[0] - a.start[0]) * step // DRAG_STEPS,
-                                        a.start[1] + (a.end[1] - a.start[1]) * step // DRAG_STEPS)),
-                          "duration": 20})
-        steps.append({"type": "pointerUp", "button": 0})
-        async with self._input_lock:
-            await self._actions(self._mouse(steps))
-            self.pointer, self.button_down = a.end, False
-        return {"from": list(a.start), "to": list(a.end)}
-
-    async def _button(self, down: bool) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._actions(self._mouse([self._move(self.pointer),
-                                             {"type": "pointerDown" if down else "pointerUp", "button": 0}]))
-            self.button_down = down
-        return {"coordinate": list(self.pointer), "button": "left", "down": down}
-
-    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
-        return await self._button(True)
-
-    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
-        return await self._button(False)
 
     async def _scroll_by(self, point: tuple[int, int], dx: int, dy: int) -> str:
         got = await self._script(SCROLL_BY, point[0], point[1], dx, dy)
         return got if got in ("box", "page") else "page"
 
-    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
-        point = a.coordinate if a.coordinate is not None else self.pointer
-        check_point(self.viewport, point, "action.coordinate")
-        px = a.amount * WHEEL_NOTCH_PX
-        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
-                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
-        async with self._input_lock:
-            if point != self.pointer:
-                await self._actions(self._mouse([self._move(point)]))
-                self.pointer = point
-            moved = await self._scroll_by(point, dx, dy)
-        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point),
-                               "via": "script", "scrolled": moved, "note": SCRIPT_SCROLL}
-        position = await settled(self._scroll_position)
-        if position is not None:
-            out["scrollPosition"] = {"x": position[0], "y": position[1]}
-        return out
-
-    async def _scroll_position(self) -> tuple[int, int] | None:
-        return scroll_xy(await self._script(SCROLL))
-
-    # -- keyboard --
-
-    async def _keys(self, actions: list[dict[str, Any]]) -> None:
-        actions = one_code_point_keys(actions)
-        for i in range(0, len(actions), KEY_CHUNK):
-            await self._actions({"type": "key", "id": KEYBOARD_ID, "actions": actions[i:i + KEY_CHUNK]})
-
-    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
-        actions = text_actions(a.text)
-        focused = await self._script(f"() => {FOCUSED_EDITABLE}") is True
-        async with self._input_lock:
-            await self._keys(actions)
-        return typed(len(a.text), focused)
-
-    async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
-        engine, body = selector_engine(a.selector)
-        actions = text_actions(a.text)
-        async with self._input_lock:
-            check_fill_verdict(await self._script(FILL, engine, body, not a.text), engine)
-            await self._keys(actions)
-        return {"selector": a.selector, "characters": len(a.text)}
-
-    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._keys(press_actions(a.combo))
-        return {"key": str(a.combo)}
+    async def _wheel(self, point: tuple[int, int], dx: int, dy: int) -> dict[str, Any]:
+        return {"via": "script", "scrolled": await self._scroll_by(point, dx, dy), "note": SCRIPT_SCROLL}
 
     # -- observations --
 
@@ -798,23 +649,7 @@ class WebKitDriver:
             out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
         return out
 
-    async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
-        return await wait_for_selector(self._script, a.selector, a.timeout_s, CDPError)
-
     # -- clipboard --
-
-    async def _secure_origin(self, verb: str) -> None:
-        parts = urlsplit(await self._url())
-        if parts.scheme == "http":
-            raise Conflict(
-                f"{verb}: this page is served over plain http://, which has no Clipboard API (it is not "
-                "a secure context); use type, which inserts at the caret without the clipboard",
-                reason="not a secure context", field="action.action",
-            )
-        if parts.scheme != "https" or await self._script("() => window.isSecureContext") is not True:
-            raise Conflict(f"{verb}: this page ({parts.scheme}:) is not a secure https:// context, so it has "
-                           "no Clipboard API; use type instead", reason="not a secure context",
-                           field="action.action")
 
     async def _clipboard(self, verb: str, function: str, *args: Any) -> Any:
         await self._secure_origin(verb)

@@ -40,10 +40,9 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, ValidationError
 
 from rigd.framing import FRAME_TAG, UNTRUSTED_NOTE
+from rigd.tools.listing import ReplyError, ToolDef, check_arguments, parse_tool_list
 
 if TYPE_CHECKING:
     import openai
@@ -92,90 +91,6 @@ class ModelError(Exception):
 
 class AgentError(Exception):
     """The run cannot start: the server's tools cannot be had or read."""
-
-
-class ReplyError(Exception):
-    """A reply of the rigd server does not have the shape this loop reads; names the field."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-
-
-# -- the server's tools, parsed at the edge -------------------------------------------------------
-#
-# The same reading as rigd/tools/mcp.py's (a function definition per tool, its parameters a JSON Schema
-# checked before a call is forwarded, so a malformed call costs no rig), written again here: that
-# module imports the MCP SDK, seconds of start-up for a command that needs none of it.
-
-
-@dataclass(frozen=True)
-class ToolDef:
-    """One agent tool as ``tools.list`` defines it."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-
-    @functools.cached_property
-    def validator(self) -> Draft202012Validator:
-        return Draft202012Validator(self.parameters)
-
-    def as_param(self) -> dict[str, Any]:
-        """The chat-completions ``tools`` entry."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
-
-
-def parse_tool_list(reply: object) -> list[ToolDef]:
-    """The function tools of a ``tools.list`` result; a definition whose parameters are not a
-    JSON Schema is refused (naming it) rather than offered unchecked."""
-    if not isinstance(reply, dict) or not isinstance(reply.get("tools"), list):
-        raise ReplyError("result.tools", "must be a list")
-    out: list[ToolDef] = []
-    for i, entry in enumerate(reply["tools"]):
-        where = f"result.tools[{i}]"
-        if not isinstance(entry, dict) or entry.get("type") != "function" \
-                or not isinstance(entry.get("function"), dict):
-            raise ReplyError(where, "must be a function definition")
-        fn = entry["function"]
-        name, description = fn.get("name"), fn.get("description", "")
-        parameters = fn.get("parameters", {"type": "object"})
-        if not isinstance(name, str) or not name:
-            raise ReplyError(f"{where}.function.name", "must be a string")
-        if not isinstance(description, str):
-            raise ReplyError(f"{where}.function.description", "must be a string")
-        if not isinstance(parameters, dict) or parameters.get("type") != "object":
-            raise ReplyError(f"{where}.function.parameters", "must be an object schema")
-        try:
-            Draft202012Validator.check_schema(parameters)
-        except SchemaError as exc:
-            raise ReplyError(f"{where}.function.parameters", f"is not a JSON Schema: {exc.message}") from exc
-        out.append(ToolDef(name, description, parameters))
-    return out
-
-
-def check_arguments(tool: ToolDef, arguments: dict[str, Any]) -> str | None:
-    """The first way ``arguments`` breaks the tool's schema, naming the field; None if none."""
-    errors = sorted(tool.validator.iter_errors(arguments),
-                    key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
-    return _describe(tool, errors[0]) if errors else None
-
-
-def _describe(tool: ToolDef, error: ValidationError) -> str:
-    field = "arguments" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-    schema = error.schema if isinstance(error.schema, dict) else {}
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        known = set(schema.get("properties", {}))
-        extra = sorted(k for k in error.instance if k not in known)
-        if extra:
-            return (f"{field}.{extra[0]}: is not a parameter of {tool.name} "
-                    f"(it takes {', '.join(sorted(known)) or 'no parameters'})")
-    if error.validator == "required" and isinstance(error.instance, dict):
-        missing = [k for k in schema.get("required", []) if k not in error.instance]
-        if missing:
-            return f"{field}.{missing[0]}: is required"
-    return f"{field}: {error.message}"
 
 
 # -- what the model said, parsed at the edge ------------------------------------------------------

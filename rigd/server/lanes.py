@@ -34,15 +34,18 @@ import re
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import trio
+from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable
+from hypercorn.typing import Scope as ASGIScope
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.http import parse_options_header
 from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 
 from rigd.auth import bearer
+from rigd.backends.base import Machine
 from rigd.backends.lanes import (
     MAX_CLIP_IMAGE,
     MAX_CLIP_TEXT,
@@ -73,6 +76,8 @@ log = logging.getLogger("rigd.lanes")
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+#: An ASGI app that reads plain mappings, as the lanes do (MCP's endpoint).
+PlainApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: MCP's streamable HTTP endpoint (rigd.tools.mcp.HttpEndpoint).
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
@@ -119,13 +124,15 @@ class LaneRouter:
     """The ASGI app the server runs: the lanes and ``/mcp`` (an ASGI app of its own,
     rigd.tools.mcp.HttpEndpoint) here, everything else to Quart."""
 
-    def __init__(self, app: Any, ctx: ServerContext, mcp: Any = None) -> None:
+    def __init__(self, app: ASGIFramework, ctx: ServerContext, mcp: PlainApp | None = None) -> None:
         self.app = app
         self.ctx = ctx
         self.mcp = mcp
 
-    # hypercorn's own TypedDicts would narrow nothing here: the lanes read plain keys.
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, asgi_scope: ASGIScope, asgi_receive: ASGIReceiveCallable,
+                       asgi_send: ASGISendCallable) -> None:
+        # The lanes read plain keys: hypercorn's TypedDicts, as the mappings they are.
+        scope, receive, send = cast(Scope, asgi_scope), cast(Receive, asgi_receive), cast(Send, asgi_send)
         if scope["type"] == "http":
             if self.mcp is not None and scope.get("path") in MCP_PATHS:
                 await self.mcp(scope, receive, send)
@@ -137,7 +144,7 @@ class LaneRouter:
             if match is not None:
                 await serve_lane(self.ctx, match[1], match[2], scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        await self.app(asgi_scope, asgi_receive, asgi_send)
 
 
 #: The dev CA's certificate, public (what ``rigd ca`` fetches from the server it talks to).
@@ -159,7 +166,7 @@ async def serve_ca(ctx: ServerContext, scope: Scope, send: Send) -> None:
                        [(b"x-rigd-ca-fingerprint", ports.ca_fingerprint.encode())])
 
 
-def server_app(ctx: ServerContext, mcp: Any = None) -> LaneRouter:
+def server_app(ctx: ServerContext, mcp: PlainApp | None = None) -> LaneRouter:
     """rigd's whole HTTP app: the lanes and ``/mcp``, then the Quart app (RPC, WebSockets, pages)."""
     from rigd.server.app import create_app
 
@@ -302,7 +309,7 @@ async def lane_caller(ctx: ServerContext, rig_id: str, headers: Headers, query: 
     return caller
 
 
-def _lanes_of(machine: Any, lane: str) -> Lanes:
+def _lanes_of(machine: Machine, lane: str) -> Lanes:
     lanes: Lanes = machine.lanes()
     reason = lanes.missing(lane)
     if reason is not None:

@@ -12,6 +12,7 @@ import trio
 from netgate.broker import SecretStore
 from netgate.errors import NetgateError
 from rigd import __version__
+from rigd.auth import Signer
 from rigd.errors import Conflict, FieldError, NotFound, from_netgate
 from rigd.images.importer import check_source, normalise_sha256
 from rigd.images.registry import parse_reference
@@ -38,7 +39,8 @@ LIVE_SURFACES = frozenset({"computer", "browser"})
 
 
 def build_methods(
-    stores: Stores, rigs: RigManager, signer: Any, base_url: list[str], broker: SecretStore | None = None,
+    stores: Stores, rigs: RigManager, signer: Signer | None, base_url: list[str],
+    broker: SecretStore | None = None,
     *, images: ImportJobs | None = None, pulls: PullJobs | None = None,
 ) -> dict[str, Method]:
     server = stores.server
@@ -205,6 +207,8 @@ def build_methods(
         rig = await api.get(caller, RigRef(rig_id))
         if surfaces is not None and rig["surface"] not in surfaces:
             raise FieldError("rigId", f"a {rig['surface']} rig has no {route} lane")
+        if signer is None:
+            raise FieldError("method", "this server signs no lane URLs")
         q = signer.sign(kind, rig["workspace"], rig_id, caller.user.id)
         path = f"/rig/{route}/{rig_id}?u={q['u']}&exp={q['exp']}&sig={q['sig']}"
         ws_base = base_url[0].replace("http://", "ws://").replace("https://", "wss://") if base_url else ""
@@ -224,6 +228,8 @@ def build_methods(
         no_extra(params, {"rigId"})
         rig_id = ident(params, "rigId")
         rig = await api.get(caller, RigRef(rig_id))
+        if signer is None:
+            raise FieldError("method", "this server signs no lane URLs")
         q = signer.sign("rig-files", rig["workspace"], rig_id, caller.user.id)
         query = f"u={q['u']}&exp={q['exp']}&sig={q['sig']}"
         base = base_url[0] if base_url else ""

@@ -35,14 +35,11 @@ import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
 import trio
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, ValidationError
 from mcp.server import Server, ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -56,6 +53,10 @@ from rigd import __version__
 from rigd.auth import bearer
 from rigd.errors import FieldError, Forbidden, Unauthorized
 from rigd.rigs.params import ID_RE
+from rigd.tools import listing
+from rigd.tools.listing import ReplyError, ToolDef, check_arguments
+from rigd.tools.listing import as_dict as _dict
+from rigd.tools.listing import as_str as _str
 
 if TYPE_CHECKING:
     from rigd.rigs.live import Caller
@@ -75,47 +76,6 @@ META_RIG_ID = "rigd/rigId"
 META_ERROR_DATA = "rigd/errorData"
 
 
-class ReplyError(Exception):
-    """A reply of the rigd server does not have the shape this bridge reads; names the field."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class ToolDef:
-    """One agent tool as ``tools.list`` defines it."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    action_classes: tuple[str, ...]
-    #: The checked schema's validator (shared by every definition of the same schema).
-    validator: Draft202012Validator = dc_field(compare=False, repr=False)
-
-
-#: Validators of the schemas seen, by their canonical JSON. ``check_schema`` costs ~15 ms for
-#: rigd's catalogue and ``/mcp`` lists the tools on each request's bridge, so each distinct
-#: schema is checked once per process (bounded: the catalogue is a handful of schemas).
-_VALIDATORS: dict[str, Draft202012Validator] = {}
-_VALIDATORS_MAX = 64
-
-
-def validator_of(schema: dict[str, Any]) -> Draft202012Validator:
-    """A validator of ``schema``, checked as a JSON Schema (:class:`SchemaError` if not)."""
-    key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
-    known = _VALIDATORS.get(key)
-    if known is not None:
-        return known
-    Draft202012Validator.check_schema(schema)
-    if len(_VALIDATORS) >= _VALIDATORS_MAX:
-        _VALIDATORS.clear()
-    made = _VALIDATORS[key] = Draft202012Validator(schema)
-    return made
-
-
 def default_conversation() -> str:
     """A conversation of this process alone: its rigs are not another MCP session's."""
     return "mcp-" + secrets.token_hex(6)
@@ -124,57 +84,15 @@ def default_conversation() -> str:
 # -- the server's replies, parsed at the edge ------------------------------------------------------
 
 
-def _dict(value: object, field: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ReplyError(field, f"must be an object, not {type(value).__name__}")
-    return value
-
-
-def _str(value: object, field: str) -> str:
-    if not isinstance(value, str):
-        raise ReplyError(field, f"must be a string, not {type(value).__name__}")
-    return value
-
-
 def served(name: str) -> bool:
     return name in MANAGEMENT_TOOLS or name.endswith("_use")
 
 
 def parse_tool_list(reply: object) -> list[ToolDef]:
-    """The tools this bridge serves, from a ``tools.list`` result (OpenAI function definitions
-    plus ``metadata``). A definition whose schema is not a valid JSON Schema object is dropped
-    with a warning rather than served unchecked."""
-    body = _dict(reply, "result")
-    raw_tools = body.get("tools")
-    if not isinstance(raw_tools, list):
-        raise ReplyError("result.tools", "must be a list")
-    metadata = _dict(body.get("metadata", {}), "result.metadata")
-    out: list[ToolDef] = []
-    for i, raw in enumerate(raw_tools):
-        where = f"result.tools[{i}]"
-        entry = _dict(raw, where)
-        if entry.get("type") != "function":
-            raise ReplyError(f"{where}.type", "must be 'function'")
-        fn = _dict(entry.get("function"), f"{where}.function")
-        name = _str(fn.get("name"), f"{where}.function.name")
-        if not served(name):
-            continue
-        description = _str(fn.get("description", ""), f"{where}.function.description")
-        parameters = _dict(fn.get("parameters", {"type": "object"}), f"{where}.function.parameters")
-        if parameters.get("type") != "object":
-            raise ReplyError(f"{where}.function.parameters.type", "must be 'object'")
-        try:
-            validator = validator_of(parameters)
-        except SchemaError as exc:
-            log.warning("tool dropped: its parameters are not a JSON Schema",
-                        extra={"tool": name, "reason": exc.message})
-            continue
-        meta = metadata.get(name, {})
-        classes = _dict(meta, f"result.metadata.{name}").get("actionClasses", [])
-        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
-            raise ReplyError(f"result.metadata.{name}.actionClasses", "must be a list of strings")
-        out.append(ToolDef(name, description, parameters, tuple(classes), validator))
-    return out
+    """The tools this bridge serves (management and ``*_use`` tools) from a ``tools.list``
+    result; a definition whose schema is not a valid JSON Schema object is dropped with a
+    warning rather than served unchecked (rigd/tools/listing.py reads the rest)."""
+    return listing.parse_tool_list(reply, keep=served, broken_schema="drop")
 
 
 def to_mcp_tool(tool: ToolDef) -> types.Tool:
@@ -229,35 +147,6 @@ def parse_call_result(reply: object) -> types.CallToolResult:
 def error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=f"error: {text}")],
                                 is_error=True)
-
-
-def check_arguments(tool: ToolDef, arguments: Mapping[str, Any]) -> str | None:
-    """The first way ``arguments`` breaks the tool's schema, naming the field; None if none.
-
-    Checked here, before the call is forwarded, so a malformed call costs no rig: the server
-    opens a desktop or a browser before it parses that rig's action."""
-    error = next(iter(sorted(tool.validator.iter_errors(dict(arguments)),
-                             key=lambda e: (len(e.absolute_path), str(e.absolute_path)))), None)
-    if error is None:
-        return None
-    return describe(tool, error)
-
-
-def describe(tool: ToolDef, error: ValidationError) -> str:
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-    field = "arguments" + path
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        known = set(_dict(error.schema, "schema").get("properties", {}))
-        extra = sorted(k for k in error.instance if k not in known)
-        if extra:
-            return (f"{field}.{extra[0]}: is not a parameter of {tool.name} "
-                    f"(it takes {', '.join(sorted(known)) or 'no parameters'})")
-    if error.validator == "required" and isinstance(error.instance, dict):
-        required = _dict(error.schema, "schema").get("required", [])
-        missing = [k for k in required if k not in error.instance]
-        if missing:
-            return f"{field}.{missing[0]}: is required"
-    return f"{field}: {error.message}"
 
 
 # -- the bridge -----------------------------------------------------------------------------------

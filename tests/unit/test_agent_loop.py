@@ -496,11 +496,13 @@ def test_the_loop_refuses_a_nonsense_configuration() -> None:
 
 
 @pytest.mark.parametrize(("reply", "field"), [
-    ([], "result.tools"),
-    ({"tools": [{"type": "other"}]}, "result.tools[0]"),
+    ([], "result"),
+    ({"tools": {}}, "result.tools"),
+    ({"tools": [{"type": "other"}]}, "result.tools[0].type"),
     ({"tools": [{"type": "function", "function": {"name": 7}}]}, "result.tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "result.tools[0].function.name"),
     ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}]},
-     "result.tools[0].function.parameters"),
+     "result.tools[0].function.parameters.type"),
     ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {
         "type": "object", "properties": {"a": {"type": 5}}}}}]}, "result.tools[0].function.parameters"),
 ])

@@ -24,6 +24,7 @@ from PIL import Image
 
 from rigd.client.cli import ClientError
 from rigd.tools.catalogue import definitions, metadata, render_computer, text_result
+from rigd.tools.listing import validator_of
 from rigd.tools.mcp import (
     META_ACTION_CLASSES,
     META_RIG_ID,
@@ -34,7 +35,6 @@ from rigd.tools.mcp import (
     parse_tool_list,
     threaded,
     to_mcp_tool,
-    validator_of,
 )
 
 pytestmark = pytest.mark.timeout(30)
