@@ -277,8 +277,6 @@ def engine_watch_script() -> str:
     ])
 
 
-#: CDP's drag operation mask for "copy" (a drop from outside the page).
-DRAG_COPY = 1
 #: JPEG quality of the live view's screencast frames (as the desktop's live view).
 CAST_QUALITY = 70
 #: At most this many live-view frames a second from an engine without a screencast (RIGS.md §7).
@@ -689,18 +687,13 @@ class BrowserDriver:
         """Drop files already in the guest onto the page at ``point`` (the pointer when None):
         drag enter, over and drop, as a person's drag from the desktop would."""
         page = self.page_driver()
-        if not isinstance(page, ChromiumDriver):
+        if not page.takes_drops:
             raise BackendError(f"{self.engine.value} takes no drop event; "
                                f"the files are in {self.drop_target.dir}")
-        x, y = point if point is not None else page.pointer
-        data = {"items": [], "files": list(paths), "dragOperationsMask": DRAG_COPY}
         try:
-            for kind in ("dragEnter", "dragOver", "drop"):
-                await page.page.send("Input.dispatchDragEvent",
-                                     {"type": kind, "x": x, "y": y, "data": data, "modifiers": 0})
+            await page.drop(paths, point if point is not None else page.pointer)
         except CDPError as exc:
             raise BackendError(f"the drop event: {exc}") from exc
-        page.pointer = (x, y)
 
     # -- the live view (rigd.frames.LiveScreen): Chromium's screencast --
 

@@ -294,8 +294,14 @@ DETACHED = "Not attached to an active page"
 SWAP_WAIT_S = 5.0
 
 
+#: CDP's drag operation mask for "copy" (a drop from outside the page).
+DRAG_COPY = 1
+
+
 class ChromiumDriver:
     """The browser_use verbs on one page. Made by :func:`open_chromium`."""
+
+    takes_drops = True
 
     def __init__(self, conn: CDPConnection, page: CDPSession, target_id: str, console: Subscription,
                  *, viewport: Display = BOOT_VIEWPORT) -> None:
@@ -354,6 +360,16 @@ class ChromiumDriver:
     async def ended(self) -> str:
         """Return (why) once the page's session ends: detached, or its renderer crashed."""
         return await self.conn.wait_ended(self.page.session_id)
+
+    async def drop(self, paths: list[str], point: tuple[int, int]) -> None:
+        """Drop files already in the guest onto the page at ``point``: drag enter, over and drop,
+        as a person's drag from the desktop would (CDP's ``Input.dispatchDragEvent``)."""
+        x, y = point
+        data = {"items": [], "files": list(paths), "dragOperationsMask": DRAG_COPY}
+        for kind in ("dragEnter", "dragOver", "drop"):
+            await self.page.send("Input.dispatchDragEvent",
+                                 {"type": kind, "x": x, "y": y, "data": data, "modifiers": 0})
+        self.pointer = (x, y)
 
     async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
         """A person's live-view input as ``Input.*`` commands (:func:`plan_cdp`); the pointer after."""

@@ -403,6 +403,13 @@ class PageDriver(Protocol):
         """Return (why) once the page is gone: its session ended, its renderer or tab crashed."""
         ...
 
+    #: Whether :meth:`drop` can drop files onto the page (an engine with a drag-and-drop input).
+    takes_drops: bool
+
+    async def drop(self, paths: list[str], point: tuple[int, int]) -> None:
+        """Drop files already in the guest onto the page at ``point`` (drag enter, over, drop)."""
+        ...
+
 
 __all__ = [
     "A11Y_OUTLINE",

@@ -59,6 +59,8 @@ class W3CActionsDriver:
 
     #: What :meth:`ended` says when the engine gave no reason.
     GONE = "the page ended"
+    #: Neither engine's automation takes a drag-and-drop of files from outside the page.
+    takes_drops = False
 
     def __init__(self, *, viewport: Display, version: str) -> None:
         self.viewport = viewport
@@ -92,6 +94,9 @@ class W3CActionsDriver:
 
     async def _is_secure_context(self) -> bool:
         return await self._script("() => window.isSecureContext") is True
+
+    async def drop(self, paths: list[str], point: tuple[int, int]) -> None:
+        raise CDPError("this engine takes no drop event (WebDriver has no file drag from outside a page)")
 
     # -- shared plumbing --
 
