@@ -277,6 +277,8 @@ def engine_watch_script() -> str:
     ])
 
 
+#: How long a written clipboard may take to read back (xclip's child takes the selection).
+CLIP_SETTLE_S = 10.0
 #: JPEG quality of the live view's screencast frames (as the desktop's live view).
 CAST_QUALITY = 70
 #: At most this many live-view frames a second from an engine without a screencast (RIGS.md §7).
@@ -549,7 +551,15 @@ class BrowserDriver:
                                     stdin=text.encode(), timeout_s=15, max_output=4096)
         if r.exit_code != 0:
             raise BackendError(f"clipboard_write: xclip failed (exit {r.exit_code})")
-        return text
+        # xclip forks before its child owns the selection: a paste right away could read the
+        # old clipboard. The text is there once it reads back (bounded).
+        with trio.move_on_after(CLIP_SETTLE_S):
+            while True:
+                if await self._x_clipboard(None) == text:
+                    return text
+                await trio.sleep(0.05)
+        raise BackendError(f"clipboard_write: the display's clipboard did not take the text "
+                           f"within {CLIP_SETTLE_S:g} s")
 
     # -- the profile: restored before the first verb, saved after changes and every 30 s --
 

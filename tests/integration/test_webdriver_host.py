@@ -81,6 +81,10 @@ def x_clipboard(home: Path) -> Callable[[str | None], Awaitable[str]]:
             return got.stdout.decode("utf-8", "replace")
         await trio.run_process(["xclip", "-selection", "clipboard", "-i"], stdin=text.encode(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        # xclip forks before its child owns the selection: the text is there once it reads back.
+        with trio.fail_after(10):
+            while await clip(None) != text:
+                await trio.sleep(0.05)
         return text
 
     return clip
