@@ -81,11 +81,12 @@ def as_str(value: object, field: str) -> str:
 
 
 def parse_tool_list(reply: object, *, keep: Callable[[str], bool] = lambda _name: True,
-                    broken_schema: Literal["drop", "refuse"] = "refuse") -> list[ToolDef]:
+                    broken_schema: Literal["drop", "refuse"] = "refuse",
+                    warn: logging.Logger = log) -> list[ToolDef]:
     """The tools of a ``tools.list`` result (OpenAI function definitions plus ``metadata``)
     whose names ``keep`` accepts. A definition whose parameters are not a JSON Schema object
     is refused (:class:`ReplyError` naming it) or, with ``broken_schema="drop"``, left out
-    with a warning — never offered unchecked."""
+    with a warning on ``warn`` (the caller's logger) — never offered unchecked."""
     body = as_dict(reply, "result")
     raw_tools = body.get("tools")
     if not isinstance(raw_tools, list):
@@ -113,7 +114,7 @@ def parse_tool_list(reply: object, *, keep: Callable[[str], bool] = lambda _name
             if broken_schema == "refuse":
                 raise ReplyError(f"{where}.function.parameters",
                                  f"is not a JSON Schema: {exc.message}") from exc
-            log.warning("tool dropped: its parameters are not a JSON Schema",
+            warn.warning("tool dropped: its parameters are not a JSON Schema",
                         extra={"tool": name, "reason": exc.message})
             continue
         classes = as_dict(metadata.get(name, {}), f"result.metadata.{name}").get("actionClasses", [])

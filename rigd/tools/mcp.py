@@ -92,7 +92,7 @@ def parse_tool_list(reply: object) -> list[ToolDef]:
     """The tools this bridge serves (management and ``*_use`` tools) from a ``tools.list``
     result; a definition whose schema is not a valid JSON Schema object is dropped with a
     warning rather than served unchecked (rigd/tools/listing.py reads the rest)."""
-    return listing.parse_tool_list(reply, keep=served, broken_schema="drop")
+    return listing.parse_tool_list(reply, keep=served, broken_schema="drop", warn=log)
 
 
 def to_mcp_tool(tool: ToolDef) -> types.Tool:
