@@ -77,6 +77,7 @@ RELAY_PORT = 9222
 DEVTOOLS_PORT_NAME = "rigd.devtools"
 DEVTOOLS_SOCKET = "devtools.sock"
 RELAY_LOG = "/run/rigd-relay.log"
+RELAY_PID_FILE = "/run/rigd-relay.pid"
 #: The image's unprivileged user (images/browser/customize.sh).
 BROWSER_USER = "browser"
 #: The engine's pid and its stdout/stderr, in the guest's /run (tmpfs).
@@ -110,6 +111,18 @@ CHROMIUM_FLAGS = (
 )
 
 
+def loopback_relay_lines() -> list[str]:
+    """Launch-script lines that start the guest-loopback relay :data:`RELAY_PORT` → the
+    engine's :data:`GUEST_DEVTOOLS_PORT` beside the engine (it dials the engine only when a
+    client connects), so readiness asks DevTools through it and only the port relay is left
+    to start once the engine answers (:func:`relay_script`)."""
+    return [
+        f"setsid socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork "
+        f"TCP:127.0.0.1:{GUEST_DEVTOOLS_PORT} </dev/null >>{RELAY_LOG} 2>&1 &",
+        f"echo $! >{RELAY_PID_FILE}",
+    ]
+
+
 def chromium_launch_script(*, port: int = GUEST_DEVTOOLS_PORT, sandbox: bool = True) -> str:
     """The shell script (run as root by the agent) that starts Chromium in the
     background as :data:`BROWSER_USER` with a fresh profile, and prints the profile dir.
@@ -135,6 +148,7 @@ def chromium_launch_script(*, port: int = GUEST_DEVTOOLS_PORT, sandbox: bool = T
         f'  /usr/bin/chromium {" ".join(flags)} --user-data-dir="$p" "file://$p/start.html" \\',
         f"  </dev/null >{LOG_FILE} 2>&1 &",
         f"echo $! >{PID_FILE}",
+        *loopback_relay_lines(),
         'printf "%s\\n" "$p"',
     ])
 
@@ -163,6 +177,7 @@ def firefox_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
         '  --remote-allow-hosts 127.0.0.1 --profile "$p/profile" "file://$p/start.html" \\',
         f"  </dev/null >{LOG_FILE} 2>&1 &",
         f"echo $! >{PID_FILE}",
+        *loopback_relay_lines(),
         'printf "%s\\n" "$p"',
     ])
 
@@ -207,14 +222,17 @@ def webkit_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
         f"{as_user} DISPLAY={WEBKIT_DISPLAY} /usr/bin/WebKitWebDriver --host=127.0.0.1 --port={port} \\",
         f"  </dev/null >{LOG_FILE} 2>&1 &",
         f"echo $! >{PID_FILE}",
+        *loopback_relay_lines(),
         'printf "%s\\n" "$p"',
     ])
 
 
-def devtools_probe_script(port: int = GUEST_DEVTOOLS_PORT, *, any_answer: bool = False) -> str:
+def devtools_probe_script(port: int = RELAY_PORT, *, any_answer: bool = False) -> str:
     """Exit 0 with DevTools' ``/json/version`` on stdout (``any_answer``: once the port answers
     HTTP at all — Firefox's remote agent has no ``/json``); 1 when it does not answer
-    yet; 3 (with the engine's log tail on stderr) when the engine is gone."""
+    yet; 3 (with the engine's log tail on stderr) when the engine is gone; 4 (with the relay's
+    log) when the loopback relay the launch script started is gone. It asks through that
+    relay, so an answer proves both."""
     ask = (f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{port}/" if any_answer
            else f"curl -sf --max-time 3 http://127.0.0.1:{port}/json/version")
     return "\n".join([
@@ -222,6 +240,10 @@ def devtools_probe_script(port: int = GUEST_DEVTOOLS_PORT, *, any_answer: bool =
         f'pid=$(cat {PID_FILE} 2>/dev/null) || pid=""',
         'if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then',
         f"  tail -c 2000 {LOG_FILE} >&2; exit 3",
+        "fi",
+        f'relay=$(cat {RELAY_PID_FILE} 2>/dev/null) || relay=""',
+        'if [ -z "$relay" ] || ! kill -0 "$relay" 2>/dev/null; then',
+        f"  tail -c 1000 {RELAY_LOG} >&2; exit 4",
         "fi",
         "exit 1",
     ])
@@ -235,11 +257,13 @@ def _navigate(url: str) -> Action:
 
 
 def relay_script(port_name: str = DEVTOOLS_PORT_NAME) -> str:
-    """The shell script (run as root by the agent) that starts the DevTools relays:
-    guest loopback :data:`RELAY_PORT` → the engine's :data:`GUEST_DEVTOOLS_PORT`, and
-    the virtio-serial port ``port_name`` (the one host-side path in) → :data:`RELAY_PORT`.
+    """The shell script (run as root by the agent) that starts the port relay: the
+    virtio-serial port ``port_name`` (the one host-side path in) → guest loopback
+    :data:`RELAY_PORT`, where the launch script's relay (:func:`loopback_relay_lines`)
+    reaches the engine's :data:`GUEST_DEVTOOLS_PORT`. Run once DevTools answers through
+    that relay (:func:`devtools_probe_script`).
 
-    Returns once both run: 9222 answers, and the port relay holds the port open.
+    Returns once the port relay holds the port open.
     """
     return "\n".join([
         "set -eu",
@@ -248,14 +272,6 @@ def relay_script(port_name: str = DEVTOOLS_PORT_NAME) -> str:
         f'  if [ "$(cat "$d/name" 2>/dev/null)" = {shlex.quote(port_name)} ]; then dev="/dev/${{d##*/}}"; fi',
         "done",
         f'[ -n "$dev" ] || {{ echo "no virtio port named {port_name}" >&2; exit 2; }}',
-        f"setsid socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork "
-        f"TCP:127.0.0.1:{GUEST_DEVTOOLS_PORT} </dev/null >>{RELAY_LOG} 2>&1 &",
-        "i=0",
-        # Any HTTP answer through the relay will do (Firefox's remote agent has no /json).
-        f"until curl -s --max-time 2 -o /dev/null http://127.0.0.1:{RELAY_PORT}/; do",
-        f'  i=$((i+1)); [ "$i" -lt 400 ] || {{ echo "the {RELAY_PORT} relay never answered" >&2; exit 3; }}',
-        "  sleep 0.1",
-        "done",
         f'setsid socat GOPEN:"$dev" TCP:127.0.0.1:{RELAY_PORT} </dev/null >>{RELAY_LOG} 2>&1 &',
         "pid=$!",
         "i=0",
@@ -640,6 +656,9 @@ class BrowserDriver:
             if code == 3:
                 raise BackendError(f"{self.engine.value} exited before DevTools answered: "
                                    f"{err.decode(errors='replace')[-1500:]}")
+            if code == 4:
+                raise BackendError(f"the DevTools relay exited before {self.engine.value} answered: "
+                                   f"{err.decode(errors='replace')[-1000:]}")
             await trio.sleep(POLL_S)
 
     async def version_now(self) -> DevToolsVersion:

@@ -16,7 +16,9 @@ from rigd.backends.browser import (
     chromium_launch_script,
     devtools_probe_script,
     engine_watch_script,
+    firefox_launch_script,
     relay_script,
+    webkit_launch_script,
 )
 from rigd.backends.microvm_argv import microvm_argv
 from rigd.errors import FieldError, RigdError
@@ -154,7 +156,11 @@ def test_chromium_starts_unprivileged_headless_on_guest_loopback_with_a_fresh_pr
     assert 'mktemp -d /tmp/rigd-profile.' in s and '--user-data-dir="$p"' in s
     assert "env -i" in s and "--no-sandbox" not in s
     assert "--no-sandbox" in chromium_launch_script(sandbox=False)
-    assert "http://127.0.0.1:9223/json/version" in devtools_probe_script()
+    # Readiness asks through the loopback relay the launch script starts beside the engine.
+    assert "TCP-LISTEN:9222,bind=127.0.0.1," in s and "TCP:127.0.0.1:9223" in s
+    assert s.index("TCP-LISTEN:9222") < s.rindex('printf "%s\\n" "$p"')
+    assert "http://127.0.0.1:9222/json/version" in devtools_probe_script()
+    assert "/run/rigd-relay.pid" in devtools_probe_script() and "exit 4" in devtools_probe_script()
 
 
 def _version(**over: object) -> bytes:
@@ -188,9 +194,12 @@ def test_oci_image_defaults_are_the_terminals(r: Recipes) -> None:
 
 
 def test_the_relays_reach_the_engine_only_from_the_rigs_own_port() -> None:
+    # guest loopback 9222 → the engine's 9223 (started with every engine); the virtio-serial
+    # port (found by name) → 9222 (started once DevTools answers).
+    for launch in (chromium_launch_script(), firefox_launch_script(), webkit_launch_script()):
+        assert "TCP-LISTEN:9222,bind=127.0.0.1,reuseaddr,fork TCP:127.0.0.1:9223" in launch
     s = relay_script()
-    # guest loopback 9222 → the engine's 9223; the virtio-serial port (found by name) → 9222.
-    assert "TCP-LISTEN:9222,bind=127.0.0.1," in s and "TCP:127.0.0.1:9223" in s
+    assert "TCP-LISTEN" not in s
     assert '= rigd.devtools ]' in s and 'GOPEN:"$dev" TCP:127.0.0.1:9222' in s
     # It returns only once the port relay holds the device (no fixed sleep stands in for it).
     assert '/proc/$pid/fd' in s
