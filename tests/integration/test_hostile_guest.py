@@ -57,17 +57,18 @@ def responsive(server: Server, rig_id: str) -> float:
 RESPONSIVE_S = 10.0
 
 
-@pytest.mark.parametrize("attack", [FLOOD, SILENCE], ids=["flood", "silence"])
-def test_hostile_agent_leaves_server_responsive(server: Server, attack: str) -> None:
-    victim = open_terminal(server)
-    bystander = open_terminal(server)
-    exec_(server, victim["id"], command=attack)
+ATTACKS = {"flood": FLOOD, "silence": SILENCE}
+
+
+def withstand(server: Server, victim: str, attack: str) -> None:
+    """Once ``attack`` runs in ``victim``: the agent is seen gone, an act on it comes back
+    with the agent's error while the server keeps answering, and a flood is counted."""
     # The attack has the channel once the agent stops answering (a condition with a deadline,
     # not a fixed sleep: the guest waits a second, then kills or stops its agent).
     deadline = time.monotonic() + 60
     while True:
         try:
-            exec_(server, victim["id"], argv=["true"], timeoutS=1)
+            exec_(server, victim, argv=["true"], timeoutS=1)
         except ClientError as exc:
             assert "guest agent" in str(exc), exc
             break
@@ -78,29 +79,55 @@ def test_hostile_agent_leaves_server_responsive(server: Server, attack: str) -> 
     # meanwhile.
     late: dict[str, Any] = {}
     act = threading.Thread(target=lambda: late.update(server.error("rig.act", {
-        "rigId": victim["id"], "tool": "terminal_use",
+        "rigId": victim, "tool": "terminal_use",
         "action": {"action": "exec", "argv": ["true"], "timeoutS": 1}})), daemon=True)
     act.start()
     # A liveness bound, not a speed target: a wedged event loop never answers; a flooded one
     # under TCG on two shared cores answers late now and then (seen: over 2 s once in CI).
     for _ in range(5):
-        took = responsive(server, victim["id"])
+        took = responsive(server, victim)
         assert took < RESPONSIVE_S, took
         time.sleep(0.2)
     if attack is FLOOD:
         # The flood is counted, however fast a loaded TCG guest manages to send it (a condition
         # with a deadline: once ~950 KB had arrived by the first look).
         deadline = time.monotonic() + 60
-        while (channel := server.call("rig.get", {"rigId": victim["id"]})["agentChannel"])[
+        while (channel := server.call("rig.get", {"rigId": victim})["agentChannel"])[
                 "garbageBytes"] <= 1_000_000:
             assert time.monotonic() < deadline, channel
             time.sleep(0.5)
     act.join(timeout=120)
     assert not act.is_alive(), "an act on the attacked agent never came back"
     assert "guest agent" in late["message"], late
+
+
+def test_hostile_agents_leave_server_responsive(server: Server) -> None:
+    """Both attacks at once, one victim each (their waits for the agents' reply grace
+    overlap), beside a bystander rig that stays untouched."""
+    victims = {name: open_terminal(server)["id"] for name in ATTACKS}
+    bystander = open_terminal(server)
+    for name, attack in ATTACKS.items():
+        exec_(server, victims[name], command=attack)
+    failed: dict[str, BaseException] = {}
+
+    def run(name: str) -> None:
+        try:
+            withstand(server, victims[name], ATTACKS[name])
+        except BaseException as exc:  # re-raised below, named
+            failed[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in ATTACKS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "an attack's checks never finished"
+    for name, exc in failed.items():
+        raise AssertionError(f"{name}: {exc!r}") from exc
     # The other rig is untouched.
     ok = exec_(server, bystander["id"], argv=["echo", "still-fine"])
     assert ok["stdout"]["text"] == "still-fine\n"
-    started = time.monotonic()
-    closed = server.call("rig.close", {"rigId": victim["id"]})
-    assert closed["phase"] == "closed" and time.monotonic() - started < 30
+    for name, victim in victims.items():
+        started = time.monotonic()
+        closed = server.call("rig.close", {"rigId": victim})
+        assert closed["phase"] == "closed" and time.monotonic() - started < 30, (name, closed)
