@@ -73,6 +73,9 @@ PTY_DRAIN_IDLE_S = 0.05  # after the shell exits, stop once the pty is quiet thi
 PTY_DRAIN_MAX_S = 1.0
 PTY_INPUT_BACKLOG = 4 << 20
 MAX_ERROR_TEXT = 4096
+# hello sets the clock when it is further off than this: a restored snapshot's clock is stale by
+# the time since the snapshot, a cold boot's by up to a second (the RTC counts whole seconds).
+CLOCK_SLACK_S = 0.25
 CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TERM = "xterm-256color"
 BUSYBOX = "/.rigd/bin/busybox"
@@ -1561,7 +1564,7 @@ class Agent:
                 raise BadRequest("time must be seconds since the epoch")
             skew = host_time - time.time()
             extra["clockSkewS"] = round(skew, 3)
-            if abs(skew) > 1.0 and self.may_set_clock:
+            if abs(skew) > CLOCK_SLACK_S and self.may_set_clock:
                 try:
                     time.clock_settime(time.CLOCK_REALTIME, float(host_time))
                     clock_set = True

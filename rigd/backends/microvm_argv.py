@@ -16,6 +16,12 @@ docs/images.md):
   with the same order.
 - ``tsc_early_khz`` stops the 1-in-6 "Unable to calibrate against PIT" hangs of
   microvm; virtio-rng stops Python's start-up waiting for entropy.
+- ``tsc=reliable`` keeps the TSC as the guest's clocksource: under TCG the
+  kernel's boot-time sync check calls two vCPUs' TSCs "unsynchronized" and
+  falls back to jiffies, a clock that loses every tick a busy host delays
+  (measured: 2-3 % slow beside two busy cores, so a rig's clock drifted
+  seconds from the host's after hello set it). The TSC under TCG and KVM is
+  the host's invariant TSC at the rate ``tsc_early_khz`` names.
 - The balloon reports freed pages so a parked rig hands RAM back to the host.
 - Every socket is a server QEMU creates with ``wait=off``: QEMU never blocks
   on the host, and the host connects when it wants.
@@ -117,6 +123,7 @@ def kernel_cmdline(*, tsc_khz: int | None, extra: Sequence[str] = (), pci: bool 
         args.append("pci=off")  # microvm has no PCI bus: skip probing for one
     if tsc_khz:
         args.append(f"tsc_early_khz={tsc_khz}")
+        args.append("tsc=reliable")
     for a in extra:
         if not a or any(c.isspace() for c in a):
             raise RigdError(f"kernel command line argument {a!r} is empty or contains whitespace")

@@ -78,7 +78,9 @@ def test_kernel_command_line() -> None:
     words = cmd.split()
     assert "console=ttyS0" in words and "panic=-1" in words
     assert "tsc_early_khz=2596094" in words and words[-1] == "rigd.probe=1"
+    assert "tsc=reliable" in words  # not jiffies: a clock that loses ticks on a busy host
     assert "tsc_early_khz" not in kernel_cmdline(tsc_khz=None)
+    assert "tsc=reliable" not in kernel_cmdline(tsc_khz=None)
 
 
 def test_kvm_uses_the_host_cpu_and_no_sandbox_can_be_asked() -> None:
