@@ -45,7 +45,7 @@ from rigd.backends.recipe import PLACEHOLDER_PATHS, Identity, RigPaths
 from rigd.backends.smolvm import CustomPack, check_contract, rig_argv
 from rigd.backends.warm import SnapshotService
 from rigd.browser.cdp import open_cdp
-from rigd.browser.chromium import BOOT_VIEWPORT, ChromiumDriver, PageError, open_chromium
+from rigd.browser.chromium import BOOT_VIEWPORT, PageError, open_chromium
 from rigd.browser.firefox import open_firefox, user_js
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import CLIPBOARD_MAX_BYTES, TCG_TITLE_FACTOR, TITLE_TIMEOUT_S, PageDriver
@@ -59,7 +59,7 @@ from rigd.model import HUMAN_STILL_MAX, Accel, Backend, Display, Surface
 from rigd.model import Engine as ApiEngine
 from rigd.protocols.bidi import BiDiProtocol
 from rigd.protocols.cdp import CDPError
-from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_cast_frame, parse_version
+from rigd.protocols.devtools import MAX_VERSION_BYTES, DevToolsVersion, parse_version
 from rigd.verbs import browser as bv
 from rigd.verbs import is_observation, parse_action
 
@@ -297,8 +297,6 @@ def engine_watch_script() -> str:
 CLIP_SETTLE_S = 10.0
 #: JPEG quality of the live view's screencast frames (as the desktop's live view).
 CAST_QUALITY = 70
-#: At most this many live-view frames a second from an engine without a screencast (RIGS.md §7).
-POLL_FPS = 6
 #: How long a live still waits for a new screencast's first frame before taking a screenshot.
 CAST_FIRST_S = 3.0
 #: How often a profile is saved with no action to prompt it, and how long after an action.
@@ -444,7 +442,7 @@ class BrowserDriver:
                 reopened = False
                 if self.profile is not None:
                     reopened = await self._restore_profile(page, self.profile)
-                if not reopened and isinstance(page, ChromiumDriver):
+                if not reopened:
                     # (a new or tab-less profile shows the start page too, once it has loaded)
                     await self._start_page_shown(page)
                 task_status.started()
@@ -475,22 +473,20 @@ class BrowserDriver:
     def _open_s(self) -> float:
         return DEVTOOLS_OPEN_S[self.machine.config.accel]
 
-    async def _start_page_shown(self, page: ChromiumDriver) -> None:
-        """Wait until the first tab shows its start page: Chromium answers DevTools before that
-        tab has committed its first navigation, and on a loaded TCG host a rig could be ready
-        on an empty document (seen: an extract right after the open read ``url ''``). A tab
-        still without it after a third of the DevTools wait is sent there, saying what it
-        showed, its tabs and the engine's log; a page that never loads is not fatal (the
-        agent can navigate): it is logged."""
+    async def _start_page_shown(self, page: PageDriver) -> None:
+        """Wait until the first tab shows its start page (Chromium answers DevTools before that
+        tab has committed its first navigation: on a loaded TCG host a rig could be ready on an
+        empty document; the other engines' opens return on a loaded page). A tab still
+        without it after a third of the DevTools wait is sent there, saying what it showed,
+        its tabs and the engine's log; a page that never loads is not fatal (the agent can
+        navigate): it is logged."""
         wait_s = DEVTOOLS_OPEN_S[self.machine.config.accel] / 3
-        where = await self._on_start_page(page, wait_s)
+        where = await page.start_page_state(wait_s)
         if where is True:
             return
         tabs: object = None
         with contextlib.suppress(CDPError):
-            got = await page.conn.send("Target.getTargets", timeout=10)
-            tabs = [(t.get("type"), str(t.get("url"))[:100]) for t in got.get("targetInfos", [])
-                    if isinstance(t, dict)]
+            tabs = await page.tabs()
         _code, log_tail, _err = await self._sh(f"tail -c 1500 {LOG_FILE}", 10)
         self.machine.log.warning("the start page had not loaded: the tab is sent there", extra={
             "last": str(where)[:300], "tabs": str(tabs)[:600],
@@ -498,27 +494,11 @@ class BrowserDriver:
         if self.profile_dir is not None:
             with contextlib.suppress(CDPError, PageError):
                 await page.perform(bv.BrowserNavigate(url=f"file://{self.profile_dir}/start.html"))
-            where = await self._on_start_page(page, wait_s)
+            where = await page.start_page_state(wait_s)
             if where is True:
                 return
         self.machine.log.warning("the start page did not load before the rig was handed out",
                                  extra={"last": str(where)[:300]})
-
-    @staticmethod
-    async def _on_start_page(page: ChromiumDriver, wait_s: float) -> object:
-        """True once ``page`` shows a loaded ``file:`` document within ``wait_s``; else what
-        it showed last (its URL and ready state, or the error reading them)."""
-        where: object = None
-        with trio.move_on_after(wait_s):
-            while True:
-                try:
-                    where = await page._eval("[location.href, document.readyState]", timeout=10)
-                except CDPError as exc:
-                    where = f"{type(exc).__name__}: {exc}"
-                if isinstance(where, list) and str(where[0]).startswith("file:") and where[1] == "complete":
-                    return True
-                await trio.sleep(0.1)
-        return where
 
     @asynccontextmanager
     async def _connect(self, stream: trio.abc.Stream,
@@ -754,10 +734,10 @@ class BrowserDriver:
                 self._cast_scope.cancel()
 
     async def _screencast(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """Frames for the live view while anyone watches: Chromium pushes a JPEG whenever the
-        page repaints; Firefox and WebKit are asked for a screenshot at most :data:`POLL_FPS` times a
-        second. Each frame is kept as the newest and every viewer told. Its end never fails
-        the rig (a lost connection does that on its own)."""
+        """Frames for the live view while anyone watches, as the engine's driver gives them
+        (:meth:`PageDriver.cast`: Chromium pushes a JPEG whenever the page repaints; Firefox and
+        WebKit are asked for stills, rate-capped). Each frame is kept as the newest and every
+        viewer told. Its end never fails the rig (a lost connection does that on its own)."""
         page = self.page_driver()
         with trio.CancelScope() as scope:
             self._cast_scope = scope
@@ -765,10 +745,9 @@ class BrowserDriver:
             self._cast_stopped = trio.Event()
             task_status.started()
             try:
-                if isinstance(page, ChromiumDriver):
-                    await self._cdp_cast(page)
-                else:
-                    await self._polled_cast(page)
+                await page.cast(lambda data, w, h: self._new_frame(page, data, w, h),
+                                max_w=HUMAN_STILL_MAX.width, max_h=HUMAN_STILL_MAX.height,
+                                quality=CAST_QUALITY)
             except (CDPError, RigdError) as exc:
                 self.machine.log.info("screencast ended", extra={"reason": str(exc)[:200]})
             finally:
@@ -785,32 +764,6 @@ class BrowserDriver:
         for viewer in self._viewers:
             viewer.damage([(0, 0, v.width, v.height)])
 
-    async def _cdp_cast(self, page: ChromiumDriver) -> None:
-        try:
-            with page.page.subscribe({"Page.screencastFrame"}, limit=8) as sub:
-                await page.page.send("Page.startScreencast", {
-                    "format": "jpeg", "quality": CAST_QUALITY, "everyNthFrame": 1,
-                    "maxWidth": HUMAN_STILL_MAX.width, "maxHeight": HUMAN_STILL_MAX.height,
-                })
-                while True:
-                    event = await sub.receive()
-                    frame = parse_cast_frame(event.params)
-                    await page.page.send("Page.screencastFrameAck", {"sessionId": frame.ack})
-                    self._new_frame(page, frame.data, frame.width, frame.height)
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2), contextlib.suppress(CDPError):
-                await page.page.send("Page.stopScreencast")
-
-    async def _polled_cast(self, page: PageDriver) -> None:
-        period = 1 / POLL_FPS
-        while True:
-            t0 = trio.current_time()
-            data, iw, ih = await page.capture(max_w=HUMAN_STILL_MAX.width, max_h=HUMAN_STILL_MAX.height,
-                                              quality=CAST_QUALITY)
-            self._new_frame(page, data, iw, ih)
-            # A rate cap, not a wait for a condition: BiDi says nothing when the page repaints.
-            await trio.sleep(max(0.0, period - (trio.current_time() - t0)))
-
     async def live_still(self, *, max_w: int, max_h: int, quality: int) -> tuple[Frame, Lane]:
         page = self.page_driver()
         vw, vh = page.viewport.width, page.viewport.height
@@ -821,12 +774,7 @@ class BrowserDriver:
                 await self._cast_ready.wait()
         if self._cast is not None:
             data, iw, ih = self._cast
-            lane = (Lane("bidi-poll", f"Firefox is asked for a screenshot at most {POLL_FPS} times a second "
-                                      "(BiDi has no screencast)", {}) if self.firefox else
-                    Lane("webdriver-poll", f"WebKit is asked for a PNG still at most {POLL_FPS} times a "
-                                           "second, made a JPEG on the host (WebDriver has no screencast)",
-                         {}) if self.webkit else
-                    Lane("cdp-screencast", "Chromium pushes a frame whenever the page repaints", {}))
+            lane = Lane(*page.cast_lane, {})
         else:
             try:
                 data, iw, ih = await page.capture(max_w=max_w, max_h=max_h, quality=quality)

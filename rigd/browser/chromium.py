@@ -57,6 +57,7 @@ from rigd.browser.page import (
     WAIT_FOR_POLL_S,
     WHEEL_NOTCH_PX,
     WORLD_NAME,
+    FrameSink,
     PageError,
     check_point,
     jpeg_size,
@@ -77,6 +78,7 @@ from rigd.browser.profiles import ProfileState, parse_state
 from rigd.errors import Conflict, FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
+from rigd.protocols.devtools import parse_cast_frame
 from rigd.protocols.input import Step
 from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection, ScrollDirection
 
@@ -302,6 +304,7 @@ class ChromiumDriver:
     """The browser_use verbs on one page. Made by :func:`open_chromium`."""
 
     takes_drops = True
+    cast_lane = ("cdp-screencast", "Chromium pushes a frame whenever the page repaints")
 
     def __init__(self, conn: CDPConnection, page: CDPSession, target_id: str, console: Subscription,
                  *, viewport: Display = BOOT_VIEWPORT) -> None:
@@ -875,6 +878,44 @@ class ChromiumDriver:
         data = await self.page.call("Page.captureScreenshot", params, _image_bytes, timeout=60)
         iw, ih = _jpeg_size(data)
         return data, iw, ih
+
+    async def cast(self, sink: FrameSink, *, max_w: int, max_h: int, quality: int) -> None:
+        """Chromium pushes a JPEG whenever the page repaints (``Page.startScreencast``); each
+        is acked, and the screencast stopped when the caller is cancelled."""
+        try:
+            with self.page.subscribe({"Page.screencastFrame"}, limit=8) as sub:
+                await self.page.send("Page.startScreencast", {
+                    "format": "jpeg", "quality": quality, "everyNthFrame": 1,
+                    "maxWidth": max_w, "maxHeight": max_h,
+                })
+                while True:
+                    event = await sub.receive()
+                    frame = parse_cast_frame(event.params)
+                    await self.page.send("Page.screencastFrameAck", {"sessionId": frame.ack})
+                    sink(frame.data, frame.width, frame.height)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2), contextlib.suppress(CDPError):
+                await self.page.send("Page.stopScreencast")
+
+    async def start_page_state(self, wait_s: float) -> object:
+        """Chromium answers DevTools before its first tab has committed its first navigation:
+        wait (polling, bounded) until the tab shows a loaded ``file:`` document."""
+        where: object = None
+        with trio.move_on_after(wait_s):
+            while True:
+                try:
+                    where = await self._eval("[location.href, document.readyState]", timeout=10)
+                except CDPError as exc:
+                    where = f"{type(exc).__name__}: {exc}"
+                if isinstance(where, list) and str(where[0]).startswith("file:") and where[1] == "complete":
+                    return True
+                await trio.sleep(0.1)
+        return where
+
+    async def tabs(self) -> object:
+        got = await self.conn.send("Target.getTargets", timeout=10)
+        return [(t.get("type"), str(t.get("url"))[:100]) for t in got.get("targetInfos", [])
+                if isinstance(t, dict)]
 
     async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
         size = Display(a.width, a.height)

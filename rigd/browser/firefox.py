@@ -55,6 +55,7 @@ from rigd.browser.page import (
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     PAGE_SIZE,
+    POLL_FPS,
     RESTORE_STORAGE,
     STORAGE,
     WORLD_NAME,
@@ -271,6 +272,8 @@ class FirefoxDriver(W3CActionsDriver):
     BiDi). Made by :func:`open_firefox`."""
 
     GONE = "the page's tab ended"
+    cast_lane = ("bidi-poll", f"Firefox is asked for a screenshot at most {POLL_FPS} times a second "
+                              "(BiDi has no screencast)")
 
     def __init__(self, conn: CDPConnection, context: str, events: Subscription,
                  *, viewport: Display = BOOT_VIEWPORT, version: str = "") -> None:

@@ -377,6 +377,25 @@ async def wait_for_selector(call: CallPage, selector: str, timeout_s: float,
     return out
 
 
+#: Where the live view's frames go: a JPEG, its width and height.
+FrameSink = Callable[[bytes, int, int], None]
+#: At most this many stills a second for the live view of an engine without a screencast (RIGS.md §7).
+POLL_FPS = 6
+
+
+async def polled_frames(capture: Callable[..., Awaitable[tuple[bytes, int, int]]], sink: FrameSink, *,
+                        max_w: int, max_h: int, quality: int) -> None:
+    """Feed ``sink`` a still from ``capture`` at most :data:`POLL_FPS` times a second, until
+    cancelled (for engines whose protocol says nothing when the page repaints)."""
+    period = 1 / POLL_FPS
+    while True:
+        t0 = trio.current_time()
+        data, iw, ih = await capture(max_w=max_w, max_h=max_h, quality=quality)
+        sink(data, iw, ih)
+        # A rate cap, not a wait for a condition: the engine says nothing when the page repaints.
+        await trio.sleep(max(0.0, period - (trio.current_time() - t0)))
+
+
 class PageDriver(Protocol):
     """One engine's driver of the rig's page, as :class:`rigd.backends.browser.BrowserDriver` uses it."""
 
@@ -410,6 +429,24 @@ class PageDriver(Protocol):
         """Drop files already in the guest onto the page at ``point`` (drag enter, over, drop)."""
         ...
 
+    #: The live view's lane: its ``source`` name and how its frames come.
+    cast_lane: tuple[str, str]
+
+    async def cast(self, sink: FrameSink, *, max_w: int, max_h: int, quality: int) -> None:
+        """Feed the live view's frames to ``sink`` until cancelled (pushed by the engine when the
+        page repaints, or asked for at most :data:`POLL_FPS` times a second)."""
+        ...
+
+    async def start_page_state(self, wait_s: float) -> object:
+        """True once the first tab shows a loaded ``file:`` document (the rig's start page)
+        within ``wait_s``; else what it showed last (its URL and ready state, or the error
+        reading them)."""
+        ...
+
+    async def tabs(self) -> object:
+        """The engine's tabs (type, URL) for a diagnostic; None where it cannot say."""
+        ...
+
 
 __all__ = [
     "A11Y_OUTLINE",
@@ -421,13 +458,16 @@ __all__ = [
     "LOAD_TIMEOUT_S",
     "PAGE_SIZE",
     "POINT",
+    "POLL_FPS",
     "SCROLL",
     "STORAGE",
     "TITLE",
+    "FrameSink",
     "PageDriver",
     "PageError",
     "jpeg_size",
     "origin_of",
+    "polled_frames",
     "selector_engine",
     "text_json",
 ]

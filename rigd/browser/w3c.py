@@ -34,9 +34,11 @@ from rigd.browser.page import (
     TITLE_MAX_CHARS,
     TITLE_TIMEOUT_S,
     WHEEL_NOTCH_PX,
+    FrameSink,
     check_fill_verdict,
     check_point,
     element_centre,
+    polled_frames,
     scroll_xy,
     selector_engine,
     settled,
@@ -97,6 +99,20 @@ class W3CActionsDriver:
 
     async def drop(self, paths: list[str], point: tuple[int, int]) -> None:
         raise CDPError("this engine takes no drop event (WebDriver has no file drag from outside a page)")
+
+    async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
+        raise NotImplementedError
+
+    async def cast(self, sink: FrameSink, *, max_w: int, max_h: int, quality: int) -> None:
+        """Neither protocol has a screencast, nor says when the page repaints: stills, rate-capped."""
+        await polled_frames(self.capture, sink, max_w=max_w, max_h=max_h, quality=quality)
+
+    async def start_page_state(self, wait_s: float) -> object:
+        """Both engines' opens return once their first page has loaded (the session's start)."""
+        return True
+
+    async def tabs(self) -> object:
+        return None
 
     # -- shared plumbing --
 

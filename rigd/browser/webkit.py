@@ -56,6 +56,7 @@ from rigd.browser.page import (
     IMAGE_MAX_BYTES,
     LOAD_TIMEOUT_S,
     PAGE_SIZE,
+    POLL_FPS,
     RESTORE_STORAGE,
     STORAGE,
     PageError,
@@ -281,6 +282,8 @@ class WebKitDriver(W3CActionsDriver):
     over WebDriver classic). Made by :func:`open_webkit`."""
 
     GONE = "the page's window ended"
+    cast_lane = ("webdriver-poll", f"WebKit is asked for a PNG still at most {POLL_FPS} times a second, "
+                                   "made a JPEG on the host (WebDriver has no screencast)")
 
     def __init__(self, conn: WebDriverConnection, session: str, *, viewport: Display = BOOT_VIEWPORT,
                  version: str = "", clipboard: XClipboard | None = None) -> None:
