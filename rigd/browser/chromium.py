@@ -29,8 +29,7 @@ import contextlib
 import json
 import logging
 import math
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -40,6 +39,7 @@ import trio
 import rigd.verbs.browser as bv
 from rigd.browser.cdp import CDPConnection, CDPSession, Subscription
 from rigd.browser.dom_keys import plan_press
+from rigd.browser.driver import Outline, PageVerbs, Still, check_viewport
 from rigd.browser.live_input import PointerState, Sleep, plan_cdp
 from rigd.browser.page import (
     AX_MAX_NODES,
@@ -51,10 +51,7 @@ from rigd.browser.page import (
     EXTRACT_MAX_BYTES,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
-    LOAD_TIMEOUT_S,
     TITLE_MAX_CHARS,
-    TITLE_TIMEOUT_S,
-    WAIT_FOR_POLL_S,
     WHEEL_NOTCH_PX,
     WORLD_NAME,
     FrameSink,
@@ -75,12 +72,12 @@ from rigd.browser.page import RESTORE_STORAGE as _RESTORE_STORAGE
 from rigd.browser.page import origin_of as _origin_of
 from rigd.browser.page import text_json as _text_json
 from rigd.browser.profiles import ProfileState, parse_state
-from rigd.errors import Conflict, FieldError
+from rigd.errors import FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
 from rigd.protocols.devtools import parse_cast_frame
 from rigd.protocols.input import Step
-from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection, ScrollDirection
+from rigd.verbs.base import HistoryDirection, ScrollDirection
 
 log = logging.getLogger("rigd.browser.chromium")
 T = TypeVar("T")
@@ -300,8 +297,9 @@ SWAP_WAIT_S = 5.0
 DRAG_COPY = 1
 
 
-class ChromiumDriver:
-    """The browser_use verbs on one page. Made by :func:`open_chromium`."""
+class ChromiumDriver(PageVerbs):
+    """The browser_use verbs on one page (those every engine answers alike in
+    :class:`PageVerbs`, over CDP). Made by :func:`open_chromium`."""
 
     takes_drops = True
     cast_lane = ("cdp-screencast", "Chromium pushes a frame whenever the page repaints")
@@ -311,23 +309,12 @@ class ChromiumDriver:
         self.conn = conn
         self.page = page
         self.target_id = target_id
-        self.viewport = viewport
-        self.pointer: tuple[int, int] = (0, 0)
-        self.button_down = False
-        #: How long a navigation may take to answer and then to load.
-        self.load_timeout_s = LOAD_TIMEOUT_S
-        self.title_timeout_s = TITLE_TIMEOUT_S
         self._console_sub = console
-        self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
-        self._console_dropped = 0
-        self._input_lock = trio.Lock()
         self._world_id: int | None = None
         self._contexts = page.open_subscription(
             {"Runtime.executionContextDestroyed", "Runtime.executionContextsCleared",
              "Page.frameNavigated"}, limit=64)
-        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
-            spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
-        }
+        super().__init__(viewport=viewport)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -353,7 +340,7 @@ class ChromiumDriver:
                 except CDPError:
                     return
                 kind = event.params.get("type")
-                self._note_console(console_line(Event("dialog", None, {
+                self.console.note(console_line(Event("dialog", None, {
                     "type": str(kind)[:20], "message": str(event.params.get("message", ""))[:500],
                 })))
                 with contextlib.suppress(CDPError):
@@ -389,19 +376,7 @@ class ChromiumDriver:
             self.button_down = bool(after.buttons & 1)
         return after
 
-    def _note_console(self, line: str) -> None:
-        if len(self._console) == self._console.maxlen:
-            self._console_dropped += 1
-        self._console.append(line)
-
     # -- verbs -------------------------------------------------------------------------------
-
-    async def perform(self, action: Action) -> dict[str, Any]:
-        """Run one parsed browser_use action; the result is the verb's RPC answer."""
-        handler = self.verbs.get(action.verb)
-        if handler is None or not isinstance(action, BrowserAction):
-            raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
-        return await handler(action)
 
     async def _history(self) -> History:
         # A navigation that swaps the page's renderer (an error page, a cross-site load) leaves
@@ -543,7 +518,9 @@ class ChromiumDriver:
     async def _find(self, selector: str) -> int:
         """The node id of the first element ``selector`` matches, 0 for none; a field error
         when the selector is invalid."""
-        engine, body = selector_engine(selector)
+        return await self._node(*selector_engine(selector))
+
+    async def _node(self, engine: str, body: str) -> int:
         if engine == "css":
             for _attempt in range(STALE_RETRIES):
                 root = await self._document_root()
@@ -554,7 +531,7 @@ class ChromiumDriver:
                     if STALE_NODE not in exc.cdp_message:
                         raise FieldError("action.selector", "is not a valid CSS selector") from exc
                     # A navigation replaced the document between the two calls: ask again.
-            raise PageError(f"the page's document kept changing while {selector[:80]!r} was looked up")
+            raise PageError(f"the page's document kept changing while {body[:80]!r} was looked up")
         else:
             await self._document_root()
             object_id = await self._resolve(engine, body)
@@ -723,35 +700,19 @@ class ChromiumDriver:
 
     # -- observations --
 
-    async def _do_extract(self, a: bv.BrowserExtract) -> dict[str, Any]:
-        page = await self._page_json()
-        if a.kind is ExtractKind.DOM:
-            got = await self._eval(_DOM % EXTRACT_MAX_BYTES, timeout=30)
-            if not (isinstance(got, dict) and isinstance(got.get("html"), str)
-                    and isinstance(got.get("length"), int)):
-                raise CDPProtocolError("extract dom: the page's answer has no html")
-            content = _text_json(got["html"], EXTRACT_MAX_BYTES)
-            if got["length"] > len(got["html"]):
-                content["truncated"] = True
-                content["note"] = (f"the document's HTML is {got['length']} characters; only the first "
-                                   f"{EXTRACT_MAX_BYTES} bytes were kept")
-            return {"kind": "dom", **page, "content": content}
-        if a.kind is ExtractKind.A11Y:
-            nodes = await self.page.call("Accessibility.getFullAXTree", None, parse_ax_tree, timeout=30)
-            return {"kind": "a11y", **page, "source": "chromium accessibility tree",
-                    "nodes": len(nodes), "content": _text_json(render_ax(nodes), EXTRACT_MAX_BYTES)}
+    async def _dom(self) -> Any:
+        return await self._eval(_DOM % EXTRACT_MAX_BYTES, timeout=30)
+
+    async def _a11y(self) -> Outline:
+        nodes = await self.page.call("Accessibility.getFullAXTree", None, parse_ax_tree, timeout=30)
+        return Outline("chromium accessibility tree", len(nodes), render_ax(nodes))
+
+    async def _gather_console(self) -> list[str]:
         for event in self._console_sub.drain():
-            self._note_console(console_line(event))
-        dropped = self._console_sub.dropped + self._console_dropped
-        lines = list(self._console)
-        self._console.clear()
-        self._console_sub.dropped = self._console_dropped = 0
-        out = {"kind": "console", **page, "entries": len(lines),
-               "since": "the previous console extract (or the rig's start)",
-               "content": _text_json("\n".join(lines), EXTRACT_MAX_BYTES)}
-        if dropped:
-            out["note"] = f"{dropped} older console entries were dropped (at most {CONSOLE_KEEP} are kept)"
-        return out
+            self.console.note(console_line(event))
+        self.console.dropped += self._console_sub.dropped
+        self._console_sub.dropped = 0
+        return []
 
     async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
         cap = AGENT_STILL_MAX
@@ -801,20 +762,8 @@ class ChromiumDriver:
                         if await self._eval(_LAYOUT_WIDTH) == layout_width:
                             break
         iw, ih = _jpeg_size(data)
-        out: dict[str, Any] = {
-            "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
-            "display": self.viewport.to_json(),
-            "imageSize": {"width": iw, "height": ih},
-            "scale": round(1 / scale, 6),
-            "fullPage": a.full_page,
-            "source": "cdp",
-        }
-        notes.insert(0, "scale is CSS pixels per image pixel: image point (x, y) is "
-                        + ("page" if a.full_page else "viewport") + " point (x*scale, y*scale)")
-        if page_size is not None:
-            out["pageSize"] = page_size
-        out["note"] = "; ".join(notes)
-        return out
+        return self._still_answer(Still(data, iw, ih, 1 / scale, "cdp", tuple(notes), page_size),
+                                  a.full_page)
 
     # -- profiles (rigd.browser.profiles): read and put back over CDP, never as guest files --
 
@@ -917,17 +866,9 @@ class ChromiumDriver:
         return [(t.get("type"), str(t.get("url"))[:100]) for t in got.get("targetInfos", [])
                 if isinstance(t, dict)]
 
-    async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
-        size = Display(a.width, a.height)
-        changed = size != self.viewport
+    async def _resize(self, size: Display) -> None:
         await self._set_metrics(size)
-        got = await self._eval("[window.innerWidth, window.innerHeight]")
-        if got != [a.width, a.height]:
-            raise PageError(f"the page reports a {got!r:.40} viewport after set_viewport "
-                            f"{a.width}x{a.height}")
-        self.viewport = size
-        self.pointer = (min(self.pointer[0], a.width - 1), min(self.pointer[1], a.height - 1))
-        return {"display": size.to_json(), "changed": changed}
+        check_viewport(await self._eval("[window.innerWidth, window.innerHeight]"), size)
 
     async def _do_history(self, a: bv.BrowserHistory) -> dict[str, Any]:
         history = await self._history()
@@ -961,43 +902,24 @@ class ChromiumDriver:
         frame = event.params.get("frame")
         return isinstance(frame, dict) and frame.get("id") == self.target_id and not frame.get("parentId")
 
-    async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
-        engine, body = selector_engine(a.selector)
-        start = trio.current_time()
-        found = False
-        with trio.move_on_after(a.timeout_s):
-            while True:
-                # Each poll is a fresh query: a navigation meanwhile replaces the document.
-                with contextlib.suppress(CDPCommandFailed, PageError):
-                    if engine == "css":
-                        found = await self._find(a.selector) != 0
-                    else:
-                        found = await self._resolve(engine, body) is not None
-                if found:
-                    break
-                await trio.sleep(WAIT_FOR_POLL_S)
-        out: dict[str, Any] = {"selector": a.selector, "found": found,
-                               "waitedS": round(trio.current_time() - start, 3)}
-        if not found:
-            out["note"] = f"no element matched within {a.timeout_s:g} s"
-        return out
+    #: A poll of ``wait_for`` that a navigation interrupts is asked again.
+    transient = (CDPCommandFailed, PageError)
+
+    async def _matches(self, engine: str, body: str) -> bool:
+        if engine == "css":
+            return await self._node(engine, body) != 0
+        return await self._resolve(engine, body) is not None
 
     # -- clipboard --
 
+    async def _page_url(self) -> str:
+        return (await self._history()).entry.url
+
+    async def _is_secure_context(self) -> bool:
+        return await self._eval("window.isSecureContext") is True
+
     async def _secure_origin(self, verb: str) -> str:
-        url = (await self._history()).entry.url
-        parts = urlsplit(url)
-        if parts.scheme == "http":
-            raise Conflict(
-                f"{verb}: this page is served over plain http://, which has no Clipboard API (it is not "
-                "a secure context); use type, which inserts at the caret without the clipboard",
-                reason="not a secure context", field="action.action",
-            )
-        if await self._eval("window.isSecureContext") is not True or parts.scheme != "https":
-            raise Conflict(f"{verb}: this page ({parts.scheme}:) is not a secure https:// context, so it has "
-                           "no Clipboard API; use type instead", reason="not a secure context",
-                           field="action.action")
-        origin = f"{parts.scheme}://{parts.netloc}"
+        origin = await super()._secure_origin(verb)
         await self.conn.send("Browser.grantPermissions", {
             "origin": origin, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"],
         })

@@ -29,7 +29,6 @@ import contextlib
 import io
 import json
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,15 +42,13 @@ from rigd.browser.bidi_input import (
     plan_bidi,
 )
 from rigd.browser.cdp import CDPConnection, Subscription
+from rigd.browser.driver import Still, check_viewport, page_size, too_tall
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
-    A11Y_OUTLINE,
     BOOT_VIEWPORT,
     CLIPBOARD_MAX_BYTES,
     CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
-    DOM_SCRIPT,
-    EXTRACT_MAX_BYTES,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     PAGE_SIZE,
@@ -70,7 +67,7 @@ from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.bidi import error_code
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Fields
 from rigd.protocols.input import Step
-from rigd.verbs.base import Action, BrowserAction, ExtractKind, HistoryDirection
+from rigd.verbs.base import HistoryDirection
 
 log = logging.getLogger("rigd.browser.firefox")
 
@@ -94,8 +91,6 @@ CAPTURE_TIMEOUT_S = 60.0
 #: The limit Firefox states and rigd passes on.
 NO_HARD_RELOAD = ("Firefox's WebDriver BiDi has no hard reload (it refuses ignoreCache): "
                   "a normal reload was done, so cached files may have been used")
-A11Y_SOURCE = ("DOM-derived outline (Firefox exposes no accessibility tree over WebDriver BiDi): "
-               "roles and names come from elements and ARIA attributes, not the engine's tree")
 
 
 #: Firefox's preferences for a rig's throwaway profile (``user.js``): nothing phones home or
@@ -272,6 +267,8 @@ class FirefoxDriver(W3CActionsDriver):
     BiDi). Made by :func:`open_firefox`."""
 
     GONE = "the page's tab ended"
+    A11Y_SOURCE = ("DOM-derived outline (Firefox exposes no accessibility tree over WebDriver BiDi): "
+                   "roles and names come from elements and ARIA attributes, not the engine's tree")
     cast_lane = ("bidi-poll", f"Firefox is asked for a screenshot at most {POLL_FPS} times a second "
                               "(BiDi has no screencast)")
 
@@ -280,7 +277,6 @@ class FirefoxDriver(W3CActionsDriver):
         self.conn = conn
         self.context = context
         self._events = events
-        self._console: deque[str] = deque(maxlen=CONSOLE_KEEP)
         super().__init__(viewport=viewport, version=version)
 
     # -- setup and the session's events --
@@ -306,18 +302,13 @@ class FirefoxDriver(W3CActionsDriver):
             if event.method == "log.entryAdded":
                 source = p.get("source")
                 if not isinstance(source, dict) or source.get("context") in (None, self.context):
-                    self._note_console(console_entry(p))
+                    self.console.note(console_entry(p))
             elif event.method == "browsingContext.userPromptOpened" and p.get("context") == self.context:
                 kind, said = str(p.get("type", ""))[:20], str(p.get("message", ""))[:500]
-                self._note_console(f"[dialog] {kind}: {said}")
+                self.console.note(f"[dialog] {kind}: {said}")
             elif event.method == "browsingContext.contextDestroyed" and p.get("context") == self.context:
                 self._gone = "the page's tab was closed or its content process crashed"
                 self._gone_event.set()
-
-    def _note_console(self, line: str) -> None:
-        if len(self._console) == self._console.maxlen:
-            self._console_dropped += 1
-        self._console.append(line)
 
     # -- plumbing --
 
@@ -337,18 +328,12 @@ class FirefoxDriver(W3CActionsDriver):
     async def _is_secure_context(self) -> bool:
         return await self._script("() => window.isSecureContext", page_realm=True) is True
 
-    async def _url(self) -> str:
+    async def _page_url(self) -> str:
         return await self.conn.call("browsingContext.getTree", {"root": self.context, "maxDepth": 0},
                                     _context_url)
 
     async def _actions(self, *sources: dict[str, Any]) -> None:
         await self.conn.send("input.performActions", {"context": self.context, "actions": list(sources)})
-
-    async def perform(self, action: Action) -> dict[str, Any]:
-        handler = self.verbs.get(action.verb)
-        if handler is None or not isinstance(action, BrowserAction):
-            raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
-        return await handler(action)
 
     # -- loads --
 
@@ -406,7 +391,8 @@ class FirefoxDriver(W3CActionsDriver):
         return out
 
     async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
-        loaded, _same, _status = await self._load("browsingContext.reload", {}, "reload", await self._url())
+        url = await self._page_url()
+        loaded, _same, _status = await self._load("browsingContext.reload", {}, "reload", url)
         out: dict[str, Any] = {**await self._page_json(), "hard": False, "loaded": loaded}
         if a.hard:
             out["note"] = NO_HARD_RELOAD
@@ -414,37 +400,11 @@ class FirefoxDriver(W3CActionsDriver):
 
     # -- observations --
 
-    async def _do_extract(self, a: bv.BrowserExtract) -> dict[str, Any]:
-        page = await self._page_json()
-        if a.kind is ExtractKind.DOM:
-            got = await self._script(f"() => {DOM_SCRIPT % EXTRACT_MAX_BYTES}", timeout=30)
-            if not (isinstance(got, dict) and isinstance(got.get("html"), str)
-                    and isinstance(got.get("length"), int)):
-                raise CDPProtocolError("extract dom: the page's answer has no html")
-            content = text_json(got["html"], EXTRACT_MAX_BYTES)
-            if got["length"] > len(got["html"]):
-                content["truncated"] = True
-                content["note"] = (f"the document's HTML is {got['length']} characters; only the first "
-                                   f"{EXTRACT_MAX_BYTES} bytes were kept")
-            return {"kind": "dom", **page, "content": content}
-        if a.kind is ExtractKind.A11Y:
-            got = await self._script(A11Y_OUTLINE, 100_000, timeout=30)
-            if not (isinstance(got, dict) and isinstance(got.get("text"), str)):
-                raise CDPProtocolError("extract a11y: the page's answer has no outline")
-            count = got.get("count")
-            return {"kind": "a11y", **page, "source": A11Y_SOURCE,
-                    "nodes": count if isinstance(count, int) else 0,
-                    "content": text_json(got["text"], EXTRACT_MAX_BYTES)}
-        dropped = self._events.dropped + self._console_dropped
-        lines = list(self._console)
-        self._console.clear()
-        self._events.dropped = self._console_dropped = 0
-        out = {"kind": "console", **page, "entries": len(lines),
-               "since": "the previous console extract (or the rig's start)",
-               "content": text_json("\n".join(lines), EXTRACT_MAX_BYTES)}
-        if dropped:
-            out["note"] = f"{dropped} older console entries were dropped (at most {CONSOLE_KEEP} are kept)"
-        return out
+    async def _gather_console(self) -> list[str]:
+        # What the session's event queue dropped (its bound) counts as dropped too.
+        self.console.dropped += self._events.dropped
+        self._events.dropped = 0
+        return []
 
     async def _screenshot(self, params: dict[str, Any], max_w: int, max_h: int,
                           quality: int) -> tuple[bytes, int, int]:
@@ -455,62 +415,30 @@ class FirefoxDriver(W3CActionsDriver):
 
     async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
         cap = AGENT_STILL_MAX
-        notes: list[str] = []
-        page_size = None
-        if a.full_page:
-            got = await self._script(PAGE_SIZE)
-            if not (isinstance(got, list) and len(got) == 2 and all(isinstance(v, int) for v in got)):
-                raise CDPProtocolError("screenshot: the page's size is not two integers")
-            width, height = max(1, got[0]), max(1, got[1])
-            page_size = {"width": width, "height": height}
-            if height > FULL_PAGE_MAX_HEIGHT:
-                notes.append(f"the page is {height} px tall; only the top {FULL_PAGE_MAX_HEIGHT} px "
-                             "were captured")
-                height = FULL_PAGE_MAX_HEIGHT
-            if width > FULL_PAGE_MAX_WIDTH:
-                notes.append(f"the page is {width} px wide; only the left {FULL_PAGE_MAX_WIDTH} px "
-                             "were captured")
-                width = FULL_PAGE_MAX_WIDTH
-            params: dict[str, Any] = {"origin": "document", "clip": {
-                "type": "box", "x": 0, "y": 0, "width": width, "height": height}}
-            data, iw, ih = await self._screenshot(params, cap.width, FULL_PAGE_MAX_HEIGHT, 75)
-            shown_w = width
-        else:
+        if not a.full_page:
             data, iw, ih = await self._screenshot({"origin": "viewport"}, cap.width, cap.height, 75)
-            shown_w = self.viewport.width
-        out: dict[str, Any] = {
-            "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
-            "display": self.viewport.to_json(),
-            "imageSize": {"width": iw, "height": ih},
-            "scale": round(shown_w / iw, 6),
-            "fullPage": a.full_page,
-            "source": "bidi",
-        }
-        notes.insert(0, "scale is CSS pixels per image pixel: image point (x, y) is "
-                        + ("page" if a.full_page else "viewport") + " point (x*scale, y*scale)")
-        if page_size is not None:
-            out["pageSize"] = page_size
-        out["note"] = "; ".join(notes)
-        return out
+            return self._still_answer(Still(data, iw, ih, self.viewport.width / iw, "bidi"), False)
+        width, height = page_size(await self._script(PAGE_SIZE))
+        notes = too_tall(height)
+        if width > FULL_PAGE_MAX_WIDTH:
+            notes.append(f"the page is {width} px wide; only the left {FULL_PAGE_MAX_WIDTH} px were captured")
+        shown_w = min(width, FULL_PAGE_MAX_WIDTH)
+        clip = {"type": "box", "x": 0, "y": 0, "width": shown_w, "height": min(height, FULL_PAGE_MAX_HEIGHT)}
+        data, iw, ih = await self._screenshot({"origin": "document", "clip": clip}, cap.width,
+                                              FULL_PAGE_MAX_HEIGHT, 75)
+        return self._still_answer(Still(data, iw, ih, shown_w / iw, "bidi", tuple(notes),
+                                        {"width": width, "height": height}), True)
 
     async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
         return await self._screenshot({"origin": "viewport"}, max_w, max_h, quality)
 
-    async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
-        size = Display(a.width, a.height)
-        changed = size != self.viewport
+    async def _resize(self, size: Display) -> None:
         await self._set_viewport(size)
-        got = await self._script("() => [window.innerWidth, window.innerHeight]")
-        if got != [a.width, a.height]:
-            raise PageError(f"the page reports a {got!r:.40} viewport after set_viewport "
-                            f"{a.width}x{a.height}")
-        self.viewport = size
-        self.pointer = (min(self.pointer[0], a.width - 1), min(self.pointer[1], a.height - 1))
-        return {"display": size.to_json(), "changed": changed}
+        check_viewport(await self._script("() => [window.innerWidth, window.innerHeight]"), size)
 
     async def _do_history(self, a: bv.BrowserHistory) -> dict[str, Any]:
         back = a.direction is HistoryDirection.BACK
-        before = await self._url()
+        before = await self._page_url()
         try:
             await self.conn.send("browsingContext.traverseHistory",
                                  {"context": self.context, "delta": -1 if back else 1},
@@ -526,7 +454,7 @@ class FirefoxDriver(W3CActionsDriver):
                 # A back-forward cache restore fires no load: read the document itself.
                 with contextlib.suppress(CDPError):
                     if await self._script("() => document.readyState") == "complete" \
-                            and await self._url() != before:
+                            and await self._page_url() != before:
                         loaded = True
                         break
                 await trio.sleep(0.05)
@@ -575,7 +503,7 @@ class FirefoxDriver(W3CActionsDriver):
         cookies = [c for c in (cookie_to_saved(r) for r in (raw if isinstance(raw, list) else [])) if c]
         tree = await self.conn.send("browsingContext.getTree", {"maxDepth": 0}, timeout=30)
         listed = tree.get("contexts")
-        url = await self._url()
+        url = await self._page_url()
         tabs = [c.get("url") for c in (listed if isinstance(listed, list) else [])
                 if isinstance(c, dict) and c.get("context") != self.context]
         storage = dict(previous.storage) if previous is not None else {}

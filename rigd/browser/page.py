@@ -1,19 +1,18 @@
 """What every engine's page driver shares: limits, errors, the scripts run in the page, selectors.
 
-The browser_use verbs mean the same on every engine (RIGS.md §4); the
-Chromium driver (:mod:`rigd.browser.chromium`, CDP) and the Firefox driver
-(:mod:`rigd.browser.firefox`, WebDriver BiDi) differ only in how they reach
-the page. What is theirs in common lives here: the bounds on what a page may
-send back, :class:`PageError`, the untrusted-text shape, the scripts rigd runs
-in its own isolated world of the page (resolving Playwright selectors,
-preparing a field for ``fill``, putting a profile's local storage back), and
-:func:`selector_engine`. :class:`PageDriver` is what
-:class:`rigd.backends.browser.BrowserDriver` asks of either.
+The browser_use verbs mean the same on every engine (RIGS.md §4). The verbs written once
+live in :mod:`rigd.browser.driver` (every engine) and :mod:`rigd.browser.w3c` (the two
+W3C-actions engines); the engine modules (:mod:`rigd.browser.chromium` over CDP,
+:mod:`rigd.browser.firefox` over WebDriver BiDi, :mod:`rigd.browser.webkit` over
+WebDriver classic) hold only how each reaches the page. What is below them all lives here:
+the bounds on what a page may send back, :class:`PageError`, the untrusted-text shape, the
+scripts rigd runs in the page (resolving Playwright selectors, preparing a field for
+``fill``, putting a profile's local storage back), :func:`selector_engine`, and
+:class:`PageDriver`, what :class:`rigd.backends.browser.BrowserDriver` asks of any engine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -309,10 +308,6 @@ async def settled(read: Callable[[], Awaitable[T]]) -> T:
 
 # -- answers of the page functions, read the same for every engine that calls them -------------
 
-#: A page function's caller: (function, *args) -> its JSON answer (BiDi's callFunction, WebDriver's execute).
-CallPage = Callable[..., Awaitable[Any]]
-
-
 def element_centre(got: Any, engine: str, viewport: Display) -> tuple[int, int]:
     """:data:`POINT`'s answer as the element's centre in the viewport, or the field error saying why not."""
     if not isinstance(got, dict) or got.get("invalid"):
@@ -350,30 +345,6 @@ def typed(characters: int, focused: bool) -> dict[str, Any]:
     if not focused:
         out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
                        "have gone nowhere; click the field (or use fill) first")
-    return out
-
-
-async def wait_for_selector(call: CallPage, selector: str, timeout_s: float,
-                            transient: type[Exception]) -> dict[str, Any]:
-    """``wait_for``: ask :data:`FIND` every :data:`WAIT_FOR_POLL_S` until an element matches or
-    ``timeout_s`` passes (``transient`` errors, a navigation in between, are asked again)."""
-    engine, body = selector_engine(selector)
-    start = trio.current_time()
-    found = False
-    with trio.move_on_after(timeout_s):
-        while True:
-            with contextlib.suppress(transient):
-                got = await call(FIND, engine, body)
-                if isinstance(got, dict) and got.get("invalid"):
-                    raise FieldError("action.selector", f"is not a valid {engine} selector")
-                found = isinstance(got, dict) and got.get("found") is True
-            if found:
-                break
-            await trio.sleep(WAIT_FOR_POLL_S)
-    out: dict[str, Any] = {"selector": selector, "found": found,
-                           "waitedS": round(trio.current_time() - start, 3)}
-    if not found:
-        out["note"] = f"no element matched within {timeout_s:g} s"
     return out
 
 

@@ -1,11 +1,12 @@
 """The browser_use verbs that Firefox and WebKit answer alike: both take W3C WebDriver input
 actions (pointer, key and wheel sources; Firefox over BiDi's ``input.performActions``, WebKit
 over classic ``POST /actions``) and run rigd's page scripts, so the pointer, keyboard,
-element, wait and clipboard-origin verbs are written once here over three engine hooks:
+element and page-script verbs are written once here over three engine hooks (beside
+:class:`rigd.browser.driver.PageVerbs`'s):
 
 - ``_actions(*sources)``: perform one actions request;
 - ``_script(function, *args, timeout=None)``: a page function's JSON answer;
-- ``_url()``: the top document's URL.
+- ``_page_url()``: the top document's URL.
 
 Each engine's module keeps what truly differs (loads, screenshots, the console, profiles,
 its transport's errors) and its stated limits. Chromium is driven through CDP's own input
@@ -15,24 +16,25 @@ events and is not one of these.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import trio
 
 import rigd.verbs.browser as bv
 from rigd.browser.bidi_input import KEYBOARD_ID, MOUSE_ID, WHEEL_ID, press_actions, text_actions
+from rigd.browser.driver import Outline, PageVerbs
 from rigd.browser.page import (
+    A11Y_OUTLINE,
+    DOM_SCRIPT,
     DRAG_STEPS,
+    EXTRACT_MAX_BYTES,
     FILL,
+    FIND,
     FOCUSED_EDITABLE,
-    LOAD_TIMEOUT_S,
     POINT,
     SCROLL,
     TITLE,
     TITLE_MAX_CHARS,
-    TITLE_TIMEOUT_S,
     WHEEL_NOTCH_PX,
     FrameSink,
     check_fill_verdict,
@@ -44,11 +46,10 @@ from rigd.browser.page import (
     settled,
     text_json,
     typed,
-    wait_for_selector,
 )
-from rigd.errors import Conflict
+from rigd.errors import FieldError
 from rigd.model import Display
-from rigd.protocols.cdp import CDPError
+from rigd.protocols.cdp import CDPError, CDPProtocolError
 from rigd.verbs.base import ScrollDirection
 
 #: Key actions per request: an engine runs them one by one (a long text would outlast one
@@ -56,7 +57,7 @@ from rigd.verbs.base import ScrollDirection
 KEY_CHUNK = 256
 
 
-class W3CActionsDriver:
+class W3CActionsDriver(PageVerbs):
     """The verbs written once over W3C input actions and page scripts (see the module)."""
 
     #: What :meth:`ended` says when the engine gave no reason.
@@ -65,19 +66,10 @@ class W3CActionsDriver:
     takes_drops = False
 
     def __init__(self, *, viewport: Display, version: str) -> None:
-        self.viewport = viewport
+        super().__init__(viewport=viewport)
         self.version = version
-        self.pointer: tuple[int, int] = (0, 0)
-        self.button_down = False
-        self.load_timeout_s = LOAD_TIMEOUT_S
-        self.title_timeout_s = TITLE_TIMEOUT_S
-        self._console_dropped = 0
-        self._input_lock = trio.Lock()
         self._gone: str | None = None
         self._gone_event = trio.Event()
-        self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
-            spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
-        }
 
     # -- the engine's hooks --
 
@@ -87,7 +79,7 @@ class W3CActionsDriver:
     async def _script(self, function: str, *args: Any, timeout: float | None = None) -> Any:
         raise NotImplementedError
 
-    async def _url(self) -> str:
+    async def _page_url(self) -> str:
         raise NotImplementedError
 
     def _key_actions(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -96,6 +88,19 @@ class W3CActionsDriver:
 
     async def _is_secure_context(self) -> bool:
         return await self._script("() => window.isSecureContext") is True
+
+    #: Where the a11y extract's outline comes from (the engine has no accessibility tree to read).
+    A11Y_SOURCE = "DOM-derived outline"
+
+    async def _dom(self) -> Any:
+        return await self._script(f"() => {DOM_SCRIPT % EXTRACT_MAX_BYTES}", timeout=30)
+
+    async def _a11y(self) -> Outline:
+        got = await self._script(A11Y_OUTLINE, 100_000, timeout=30)
+        if not (isinstance(got, dict) and isinstance(got.get("text"), str)):
+            raise CDPProtocolError("extract a11y: the page's answer has no outline")
+        count = got.get("count")
+        return Outline(self.A11Y_SOURCE, count if isinstance(count, int) else 0, got["text"])
 
     async def drop(self, paths: list[str], point: tuple[int, int]) -> None:
         raise CDPError("this engine takes no drop event (WebDriver has no file drag from outside a page)")
@@ -121,7 +126,7 @@ class W3CActionsDriver:
         return self._gone or self.GONE
 
     async def _page_json(self) -> dict[str, Any]:
-        url = await self._url()
+        url = await self._page_url()
         title = ""
         with contextlib.suppress(CDPError):
             got = await self._script(TITLE, timeout=self.title_timeout_s)
@@ -147,8 +152,11 @@ class W3CActionsDriver:
         engine, body = selector_engine(selector)
         return element_centre(await self._script(POINT, engine, body), engine, self.viewport)
 
-    async def _do_wait_for(self, a: bv.BrowserWaitFor) -> dict[str, Any]:
-        return await wait_for_selector(self._script, a.selector, a.timeout_s, CDPError)
+    async def _matches(self, engine: str, body: str) -> bool:
+        got = await self._script(FIND, engine, body)
+        if isinstance(got, dict) and got.get("invalid"):
+            raise FieldError("action.selector", f"is not a valid {engine} selector")
+        return isinstance(got, dict) and got.get("found") is True
 
     # -- pointer --
 
@@ -256,22 +264,6 @@ class W3CActionsDriver:
         async with self._input_lock:
             await self._keys(press_actions(a.combo))
         return {"key": str(a.combo)}
-
-    # -- clipboard --
-
-    async def _secure_origin(self, verb: str) -> None:
-        """Refuse a clipboard verb on a page without the Clipboard API, saying why."""
-        parts = urlsplit(await self._url())
-        if parts.scheme == "http":
-            raise Conflict(
-                f"{verb}: this page is served over plain http://, which has no Clipboard API (it is not "
-                "a secure context); use type, which inserts at the caret without the clipboard",
-                reason="not a secure context", field="action.action",
-            )
-        if parts.scheme != "https" or not await self._is_secure_context():
-            raise Conflict(f"{verb}: this page ({parts.scheme}:) is not a secure https:// context, so it has "
-                           "no Clipboard API; use type instead", reason="not a secure context",
-                           field="action.action")
 
 
 __all__ = ["KEY_CHUNK", "W3CActionsDriver"]

@@ -42,16 +42,14 @@ from PIL import Image
 
 import rigd.verbs.browser as bv
 from rigd.browser.bidi_input import Sleep, plan_bidi
+from rigd.browser.driver import Still, page_size, too_tall
 from rigd.browser.firefox import MAX_PIXELS, fit_jpeg
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
-    A11Y_OUTLINE,
     BOOT_VIEWPORT,
     CLIPBOARD_MAX_BYTES,
     CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
-    DOM_SCRIPT,
-    EXTRACT_MAX_BYTES,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     LOAD_TIMEOUT_S,
@@ -73,8 +71,6 @@ from rigd.protocols.cdp import CDPClosed, CDPError, CDPProtocolError
 from rigd.protocols.input import Step
 from rigd.verbs.base import (
     Action,
-    BrowserAction,
-    ExtractKind,
     HistoryDirection,
     is_observation,
 )
@@ -105,8 +101,6 @@ GONE_ERRORS = frozenset({"invalid session id", "no such window", "session not cr
 NO_HARD_RELOAD = ("WebKit's WebDriver has no hard reload: a normal reload was done, so cached files "
                   "may have been used")
 NO_STATUS = "WebKit's WebDriver does not report a document's HTTP status"
-A11Y_SOURCE = ("DOM-derived outline (WebKit exposes no accessibility tree over WebDriver): roles and "
-               "names come from elements and ARIA attributes, not the engine's tree")
 CONSOLE_LIMIT = ("WebKit's WebDriver has no console API: rigd's hook records what a document logs after "
                  "it has loaded; output logged while a page loads (and uncaught errors before it) is missed")
 STITCHED = ("WebKit's WebDriver captures the viewport only: the page was scrolled a viewport at a time "
@@ -282,6 +276,8 @@ class WebKitDriver(W3CActionsDriver):
     over WebDriver classic). Made by :func:`open_webkit`."""
 
     GONE = "the page's window ended"
+    A11Y_SOURCE = ("DOM-derived outline (WebKit exposes no accessibility tree over WebDriver): roles and "
+                   "names come from elements and ARIA attributes, not the engine's tree")
     cast_lane = ("webdriver-poll", f"WebKit is asked for a PNG still at most {POLL_FPS} times a second, "
                                    "made a JPEG on the host (WebDriver has no screencast)")
 
@@ -290,7 +286,6 @@ class WebKitDriver(W3CActionsDriver):
         self.conn = conn
         self.x_clipboard = clipboard
         self.session = session
-        self._console: list[str] = []
         #: Saved local storage to put back into each document of a saved origin (a profile).
         self._restore: dict[str, dict[str, str]] = {}
         super().__init__(viewport=viewport, version=version)
@@ -311,7 +306,7 @@ class WebKitDriver(W3CActionsDriver):
             except WebDriverCommandFailed as exc:
                 if exc.error == "unexpected alert open" and attempt == 1:
                     said = exc.data.get("text")
-                    self._note_console(f"[dialog] {str(said)[:500] if isinstance(said, str) else ''}")
+                    self.console.note(f"[dialog] {str(said)[:500] if isinstance(said, str) else ''}")
                     continue
                 if exc.error in GONE_ERRORS:
                     self._end(f"the page's window is gone ({exc.error})")
@@ -341,7 +336,7 @@ class WebKitDriver(W3CActionsDriver):
                               timeout=(timeout or SCRIPT_TIMEOUT_S) + COMMAND_SLACK_S)
         return parse_answer(raw)
 
-    async def _url(self) -> str:
+    async def _page_url(self) -> str:
         got = await self._cmd("GET", "/url")
         if not isinstance(got, str):
             raise CDPProtocolError("GET url: not a string")
@@ -351,11 +346,8 @@ class WebKitDriver(W3CActionsDriver):
         await self._cmd("POST", "/actions", {"actions": list(sources)}, timeout=60)
 
     async def perform(self, action: Action) -> dict[str, Any]:
-        handler = self.verbs.get(action.verb)
-        if handler is None or not isinstance(action, BrowserAction):
-            raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
         try:
-            return await handler(action)
+            return await super().perform(action)
         finally:
             if not is_observation(action) and self._gone is None:
                 # Whatever document the verb left gets rigd's console hook (and a profile's storage).
@@ -365,7 +357,7 @@ class WebKitDriver(W3CActionsDriver):
     async def _prepare_document(self) -> None:
         await self._script(CONSOLE_HOOK, timeout=5)
         if self._restore:
-            url = await self._url()
+            url = await self._page_url()
             origin = origin_of(url)
             if origin is not None and origin in self._restore:
                 source = RESTORE_STORAGE.replace("__SAVED__", json.dumps({origin: self._restore[origin]}))
@@ -404,7 +396,7 @@ class WebKitDriver(W3CActionsDriver):
         return out
 
     async def _do_navigate(self, a: bv.BrowserNavigate) -> dict[str, Any]:
-        before = await self._url()
+        before = await self._page_url()
         loaded = await self._load("POST", "/url", {"url": a.url}, "navigate", a.url)
         out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": None}
         out = self._load_note(out, loaded)
@@ -413,7 +405,7 @@ class WebKitDriver(W3CActionsDriver):
         return out
 
     async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
-        url = await self._url()
+        url = await self._page_url()
         loaded = await self._load("POST", "/refresh", {}, "reload", url)
         out: dict[str, Any] = {**await self._page_json(), "hard": False, "loaded": loaded}
         out = self._load_note(out, loaded)
@@ -432,56 +424,20 @@ class WebKitDriver(W3CActionsDriver):
 
     # -- observations --
 
-    def _note_console(self, line: str) -> None:
-        if len(self._console) >= CONSOLE_KEEP:
-            self._console.pop(0)
-            self._console_dropped += 1
-        self._console.append(line[:CONSOLE_ENTRY_MAX_CHARS])
-
-    async def _read_console(self) -> None:
-        """Move what the document's hook holds into the driver's buffer (and hook a new document)."""
+    async def _gather_console(self) -> list[str]:
+        """Move what the document's hook holds into the driver's log (and hook a new document)."""
         got = await self._script("() => window.__rigdConsole ? window.__rigdConsole() : null", timeout=10)
         if isinstance(got, dict):
             lines = got.get("lines")
             for line in lines if isinstance(lines, list) else []:
                 if isinstance(line, str):
-                    self._note_console(line)
+                    self.console.note(line[:CONSOLE_ENTRY_MAX_CHARS])
             dropped = got.get("dropped")
             if isinstance(dropped, int) and not isinstance(dropped, bool) and 0 < dropped < 2**31:
-                self._console_dropped += dropped
+                self.console.dropped += dropped
         else:
             await self._script(CONSOLE_HOOK, timeout=5)
-
-    async def _do_extract(self, a: bv.BrowserExtract) -> dict[str, Any]:
-        page = await self._page_json()
-        if a.kind is ExtractKind.DOM:
-            got = await self._script(f"() => {DOM_SCRIPT % EXTRACT_MAX_BYTES}", timeout=30)
-            if not (isinstance(got, dict) and isinstance(got.get("html"), str)
-                    and isinstance(got.get("length"), int)):
-                raise CDPProtocolError("extract dom: the page's answer has no html")
-            content = text_json(got["html"], EXTRACT_MAX_BYTES)
-            if got["length"] > len(got["html"]):
-                content["truncated"] = True
-                content["note"] = (f"the document's HTML is {got['length']} characters; only the first "
-                                   f"{EXTRACT_MAX_BYTES} bytes were kept")
-            return {"kind": "dom", **page, "content": content}
-        if a.kind is ExtractKind.A11Y:
-            got = await self._script(A11Y_OUTLINE, 100_000, timeout=30)
-            if not (isinstance(got, dict) and isinstance(got.get("text"), str)):
-                raise CDPProtocolError("extract a11y: the page's answer has no outline")
-            count = got.get("count")
-            return {"kind": "a11y", **page, "source": A11Y_SOURCE,
-                    "nodes": count if isinstance(count, int) else 0,
-                    "content": text_json(got["text"], EXTRACT_MAX_BYTES)}
-        await self._read_console()
-        lines, dropped = self._console, self._console_dropped
-        self._console, self._console_dropped = [], 0
-        notes = [CONSOLE_LIMIT]
-        if dropped:
-            notes.append(f"{dropped} older console entries were dropped (at most {CONSOLE_KEEP} are kept)")
-        return {"kind": "console", **page, "entries": len(lines),
-                "since": "the previous console extract (or the rig's start)",
-                "content": text_json("\n".join(lines), EXTRACT_MAX_BYTES), "note": "; ".join(notes)}
+        return [CONSOLE_LIMIT]
 
     async def _png(self) -> bytes:
         raw = await self._cmd("GET", "/screenshot", timeout=CAPTURE_TIMEOUT_S)
@@ -494,15 +450,9 @@ class WebKitDriver(W3CActionsDriver):
 
     async def _full_page(self, notes: list[str]) -> tuple[bytes, int, int, dict[str, int]]:
         """The page joined from viewport stills, top to bottom (its scroll put back after)."""
-        got = await self._script(PAGE_SIZE)
-        if not (isinstance(got, list) and len(got) == 2 and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in got)):
-            raise CDPProtocolError("screenshot: the page's size is not two integers")
-        width, height = max(1, got[0]), max(1, got[1])
+        width, height = page_size(await self._script(PAGE_SIZE))
         vw, vh = self.viewport.width, self.viewport.height
-        if height > FULL_PAGE_MAX_HEIGHT:
-            notes.append(f"the page is {height} px tall; only the top {FULL_PAGE_MAX_HEIGHT} px "
-                         "were captured")
+        notes += too_tall(height)
         if width > vw:
             notes.append(f"the page is {width} px wide; only the left {vw} px (the viewport's width) "
                          "were captured")
@@ -529,38 +479,18 @@ class WebKitDriver(W3CActionsDriver):
         return data, iw, ih, {"width": width, "height": height}
 
     async def _screenshot(self, max_w: int, max_h: int, quality: int) -> tuple[bytes, int, int]:
-        raw = await self._cmd("GET", "/screenshot", timeout=CAPTURE_TIMEOUT_S)
-        if not isinstance(raw, str) or len(raw) > IMAGE_MAX_BYTES * 4 // 3 + 4:
-            raise CDPProtocolError("screenshot: the image is not base64 text under the cap")
-        try:
-            data = base64.b64decode(raw, validate=True)
-        except ValueError as exc:
-            raise CDPProtocolError("screenshot: the image is not base64") from exc
         # WebKit's stills are PNG: transcoded to JPEG here, on the host.
-        return await trio.to_thread.run_sync(fit_jpeg, data, max_w, max_h, quality)
+        return await trio.to_thread.run_sync(fit_jpeg, await self._png(), max_w, max_h, quality)
 
     async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
-        cap = AGENT_STILL_MAX
-        notes = ["scale is CSS pixels per image pixel: image point (x, y) is "
-                 + ("page" if a.full_page else "viewport") + " point (x*scale, y*scale)"]
-        page_size = None
         if a.full_page:
-            notes.append(STITCHED)
-            data, iw, ih, page_size = await self._full_page(notes)
+            notes = [STITCHED]
+            data, iw, ih, size = await self._full_page(notes)
+            still = Still(data, iw, ih, self.viewport.width / iw, "webdriver", tuple(notes), size)
         else:
-            data, iw, ih = await self._screenshot(cap.width, cap.height, 75)
-        out: dict[str, Any] = {
-            "image": {"mediaType": "image/jpeg", "data": base64.b64encode(data).decode()},
-            "display": self.viewport.to_json(),
-            "imageSize": {"width": iw, "height": ih},
-            "scale": round(self.viewport.width / iw, 6),
-            "fullPage": a.full_page,
-            "source": "webdriver",
-            "note": "; ".join(notes),
-        }
-        if page_size is not None:
-            out["pageSize"] = page_size
-        return out
+            data, iw, ih = await self._screenshot(AGENT_STILL_MAX.width, AGENT_STILL_MAX.height, 75)
+            still = Still(data, iw, ih, self.viewport.width / iw, "webdriver")
+        return self._still_answer(still, a.full_page)
 
     async def capture(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
         return await self._screenshot(max_w, max_h, quality)
@@ -610,16 +540,14 @@ class WebKitDriver(W3CActionsDriver):
             raise PageError(f"the page reports a {iw}x{ih} viewport after set_viewport "
                             f"{size.width}x{size.height}")
 
-    async def _do_set_viewport(self, a: bv.BrowserSetViewport) -> dict[str, Any]:
-        size = Display(a.width, a.height)
-        changed = size != self.viewport
+    async def _resize(self, size: Display) -> None:
         try:
             await self._set_viewport(size)
         except PageError:
             # MiniBrowser's window has a floor (its toolbar): say so, and put the old size back.
             iw, ih, _ow, _oh = await self._inner()
             await self._set_viewport(self.viewport)
-            for field, want, got in (("action.width", a.width, iw), ("action.height", a.height, ih)):
+            for field, want, got in (("action.width", size.width, iw), ("action.height", size.height, ih)):
                 if got > want:
                     raise FieldError(field, f"WebKit's window cannot make the page narrower than {got} px "
                                             f"wide here (its toolbar sets the floor); give {got} or more"
@@ -627,9 +555,6 @@ class WebKitDriver(W3CActionsDriver):
                                      f"WebKit's window cannot make the page shorter than {got} px here; "
                                      f"give {got} or more") from None
             raise
-        self.viewport = size
-        self.pointer = (min(self.pointer[0], a.width - 1), min(self.pointer[1], a.height - 1))
-        return {"display": size.to_json(), "changed": changed}
 
     async def _do_history(self, a: bv.BrowserHistory) -> dict[str, Any]:
         back = a.direction is HistoryDirection.BACK
@@ -713,7 +638,7 @@ class WebKitDriver(W3CActionsDriver):
     async def export_profile(self, previous: ProfileState | None = None) -> ProfileState:
         """Cookies WebDriver shows (the current document's; others kept from ``previous``), the
         current origin's local storage and the window's page (WebKit keeps one window)."""
-        url = await self._url()
+        url = await self._page_url()
         raw = await self._cmd("GET", "/cookie", timeout=30)
         seen = [c for c in (cookie_to_saved(r) for r in (raw if isinstance(raw, list) else [])) if c]
         keys = {(c["name"], c["domain"], c["path"]) for c in seen}

@@ -23,7 +23,7 @@ import trio
 from PIL import Image
 
 from rigd.browser.cdp import CDPConnection, open_cdp
-from rigd.browser.firefox import A11Y_SOURCE, NO_HARD_RELOAD, FirefoxDriver, open_firefox
+from rigd.browser.firefox import NO_HARD_RELOAD, FirefoxDriver, open_firefox
 from rigd.browser.live_input import PointerState
 from rigd.browser.testing import FIREFOX, HostChromium, start_host_firefox, stop_host_chromium
 from rigd.errors import Conflict, FieldError
@@ -133,7 +133,7 @@ async def test_extracts_console_dom_and_a_labelled_a11y(driver: FirefoxDriver, s
     await act(driver, action="navigate", url=f"{site}/console.html")
     await act(driver, action="wait_for", selector="h1", timeoutS=5)
     with trio.fail_after(10):
-        while "late failure" not in "\n".join(driver._console):
+        while "late failure" not in "\n".join(driver.console):
             await trio.sleep(0.05)
     console = await act(driver, action="extract", kind="console")
     text = console["content"]["text"]
@@ -146,7 +146,7 @@ async def test_extracts_console_dom_and_a_labelled_a11y(driver: FirefoxDriver, s
     await act(driver, action="navigate", url=f"{site}/a11y.html")
     a11y = await act(driver, action="extract", kind="a11y")
     tree = a11y["content"]["text"]
-    assert a11y["source"] == A11Y_SOURCE and "DOM-derived" in a11y["source"]
+    assert a11y["source"] == FirefoxDriver.A11Y_SOURCE and "DOM-derived" in a11y["source"]
     assert 'heading "Welcome home"' in tree
     assert 'button "Close dialog"' in tree and 'link "Search form"' in tree
 

@@ -27,7 +27,6 @@ from rigd.browser.live_input import PointerState
 from rigd.browser.testing import WEBKIT_DRIVER, HostChromium, start_host_webkit, stop_host_chromium
 from rigd.browser.webdriver import WebDriverConnection
 from rigd.browser.webkit import (
-    A11Y_SOURCE,
     CONSOLE_LIMIT,
     NO_HARD_RELOAD,
     SCRIPT_SCROLL,
@@ -176,7 +175,7 @@ async def test_extracts_console_dom_and_a_labelled_a11y(driver: WebKitDriver, si
     await act(driver, action="navigate", url=f"{site}/a11y.html")
     a11y = await act(driver, action="extract", kind="a11y")
     tree = a11y["content"]["text"]
-    assert a11y["source"] == A11Y_SOURCE and "DOM-derived" in a11y["source"]
+    assert a11y["source"] == WebKitDriver.A11Y_SOURCE and "DOM-derived" in a11y["source"]
     assert 'heading "Welcome home"' in tree
     assert 'button "Close dialog"' in tree and 'link "Search form"' in tree
 
