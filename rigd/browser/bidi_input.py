@@ -45,14 +45,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rigd.browser.dom_keys import _ALIASES, KEYS_BY_CODE, MODIFIER_BITS
-from rigd.browser.live_input import (
-    _BUTTON_BITS,
-    _WHEEL,
-    QCODE_CODES,
-    PointerState,
-    Sleep,
-    _from_axis,
-)
+from rigd.browser.live_input import QCODE_CODES, PointerState, Sleep, walk
 from rigd.errors import FieldError
 from rigd.protocols import input as qin
 from rigd.verbs.keys import KeyCombo
@@ -285,6 +278,25 @@ class _Plan:
         self.out.append(Sleep(seconds))
         self._open = None
 
+    # -- the gestures of rigd.browser.live_input.walk --
+
+    def text(self, step: qin.Text) -> None:
+        self.add("key", *text_actions(step.text, field=step.field))
+
+    def move(self, s: PointerState) -> None:
+        self.add("pointer", _move(s))
+
+    def wheel(self, s: PointerState, dx: int, dy: int) -> None:
+        self.add("wheel", {"type": "scroll", "x": s.x, "y": s.y, "deltaX": dx, "deltaY": dy})
+
+    def button(self, s: PointerState, name: str, down: bool) -> None:
+        self.add("pointer", {"type": "pointerDown" if down else "pointerUp", "button": _BUTTON_NUMBERS[name]})
+
+    def key(self, qcode: str, down: bool, s: PointerState) -> PointerState:
+        value, bit = _key_value(qcode)
+        self.add("key", (_down if down else _up)(value))
+        return dataclasses.replace(s, modifiers=s.modifiers | bit if down else s.modifiers & ~bit)
+
 
 def _move(s: PointerState) -> dict[str, Any]:
     return {"type": "pointerMove", "x": s.x, "y": s.y, "origin": "viewport"}
@@ -303,60 +315,9 @@ def plan_bidi(steps: Sequence[qin.Step], viewport: tuple[int, int],
               state: PointerState) -> tuple[list[Command], PointerState]:
     """The ``performActions`` source lists that replay ``steps`` on a ``viewport``-sized page,
     and the state after (see :func:`rigd.browser.live_input.plan_cdp`)."""
-    w, h = viewport
     plan = _Plan()
-    s = state
-    for step in steps:
-        if isinstance(step, qin.Pause):
-            plan.sleep(step.seconds)
-            continue
-        if isinstance(step, qin.Text):
-            plan.add("key", *text_actions(step.text, field=step.field))
-            continue
-        if isinstance(step, qin.Bind):
-            raise FieldError("key", "a browser takes text as text, not through keymap bindings")
-        moved = False
-        for event in step:
-            kind, data = event.get("type"), event.get("data") or {}
-            if kind == "abs":
-                if data.get("axis") == "x":
-                    s = dataclasses.replace(s, x=_from_axis(data.get("value"), w))
-                else:
-                    s = dataclasses.replace(s, y=_from_axis(data.get("value"), h))
-                moved = True
-                continue
-            if moved:
-                plan.add("pointer", _move(s))
-                moved = False
-            if kind == "btn":
-                name = str(data.get("button"))
-                down = bool(data.get("down"))
-                if name in _WHEEL:
-                    if down:
-                        dx, dy = _WHEEL[name]
-                        plan.add("wheel", {"type": "scroll", "x": s.x, "y": s.y,
-                                           "deltaX": dx, "deltaY": dy})
-                    continue
-                if name not in _BUTTON_BITS:
-                    raise FieldError("button", f"the browser has no {name!r} button")
-                bit = _BUTTON_BITS[name]
-                s = dataclasses.replace(s, buttons=s.buttons | bit if down else s.buttons & ~bit)
-                plan.add("pointer", {"type": "pointerDown" if down else "pointerUp",
-                                     "button": _BUTTON_NUMBERS[name]})
-            elif kind == "key":
-                key = data.get("key") or {}
-                if key.get("type") != "qcode" or not isinstance(key.get("data"), str):
-                    raise FieldError("key", "a browser takes keys by qcode")
-                down = bool(data.get("down"))
-                value, bit = _key_value(key["data"])
-                s = dataclasses.replace(s, modifiers=s.modifiers | bit if down
-                                        else s.modifiers & ~bit)
-                plan.add("key", (_down if down else _up)(value))
-            else:
-                raise FieldError("type", f"the browser cannot replay a {kind!r} input event")
-        if moved:
-            plan.add("pointer", _move(s))
-    return plan.out, s
+    after = walk(steps, viewport, state, plan)
+    return plan.out, after
 
 
 __all__ = [

@@ -44,28 +44,20 @@ from rigd.browser.live_input import PointerState, Sleep, plan_cdp
 from rigd.browser.page import (
     AX_MAX_NODES,
     BOOT_VIEWPORT,
-    CLIPBOARD_MAX_BYTES,
     CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
     DRAG_STEPS,
-    EXTRACT_MAX_BYTES,
     FULL_PAGE_MAX_HEIGHT,
     IMAGE_MAX_BYTES,
     TITLE_MAX_CHARS,
-    WHEEL_NOTCH_PX,
     WORLD_NAME,
     FrameSink,
     PageError,
-    check_point,
     jpeg_size,
-    scroll_xy,
     selector_engine,
-    settled,
 )
 from rigd.browser.page import CLEAR as _CLEAR
-from rigd.browser.page import DOM_SCRIPT as _DOM
 from rigd.browser.page import FILL_PREPARE as _FILL_PREPARE
-from rigd.browser.page import FOCUSED_EDITABLE as _FOCUSED_EDITABLE
 from rigd.browser.page import LAYOUT_WIDTH as _LAYOUT_WIDTH
 from rigd.browser.page import RESOLVE as _RESOLVE
 from rigd.browser.page import RESTORE_STORAGE as _RESTORE_STORAGE
@@ -77,7 +69,8 @@ from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
 from rigd.protocols.devtools import parse_cast_frame
 from rigd.protocols.input import Step
-from rigd.verbs.base import HistoryDirection, ScrollDirection
+from rigd.verbs.base import HistoryDirection
+from rigd.verbs.keys import KeyCombo
 
 log = logging.getLogger("rigd.browser.chromium")
 T = TypeVar("T")
@@ -580,9 +573,6 @@ class ChromiumDriver(PageVerbs):
 
     # -- pointer --
 
-    def _check_point(self, point: tuple[int, int], field: str) -> None:
-        check_point(self.viewport, point, field)
-
     async def _mouse(self, kind: str, point: tuple[int, int], **extra: Any) -> None:
         buttons = 1 if self.button_down else 0
         params = {"type": kind, "x": point[0], "y": point[1], "buttons": buttons, **extra}
@@ -594,85 +584,39 @@ class ChromiumDriver(PageVerbs):
         await self._mouse("mousePressed" if down else "mouseReleased", point, button="left",
                           clickCount=clicks)
 
-    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
-        async with self._input_lock:
-            if a.selector is not None:
-                point = await self._element_point(a.selector)
-            else:
-                assert a.coordinate is not None
-                point = a.coordinate
-                self._check_point(point, "action.coordinate")
-            await self._mouse("mouseMoved", point)
-            await self._press(point, True)
-            await self._press(point, False)
-        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
-        if a.selector is not None:
-            out["selector"] = a.selector
-        return out
+    async def _click_at(self, point: tuple[int, int]) -> None:
+        await self._mouse("mouseMoved", point)
+        await self._press(point, True)
+        await self._press(point, False)
 
-    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
-        self._check_point(a.coordinate, "action.coordinate")
-        async with self._input_lock:
-            await self._mouse("mouseMoved", a.coordinate)
-        return {"coordinate": list(a.coordinate)}
+    async def _move_to(self, point: tuple[int, int]) -> None:
+        await self._mouse("mouseMoved", point)
 
-    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
-        self._check_point(a.start, "action.start_coordinate")
-        self._check_point(a.end, "action.coordinate")
-        async with self._input_lock:
-            await self._mouse("mouseMoved", a.start)
-            await self._press(a.start, True)
-            for step in range(1, DRAG_STEPS + 1):
-                x = a.start[0] + (a.end[0] - a.start[0]) * step // DRAG_STEPS
-                y = a.start[1] + (a.end[1] - a.start[1]) * step // DRAG_STEPS
-                await self._mouse("mouseMoved", (x, y))
-            await self._press(a.end, False)
-        return {"from": list(a.start), "to": list(a.end)}
+    async def _drag_along(self, start: tuple[int, int], end: tuple[int, int]) -> None:
+        await self._mouse("mouseMoved", start)
+        await self._press(start, True)
+        for step in range(1, DRAG_STEPS + 1):
+            x = start[0] + (end[0] - start[0]) * step // DRAG_STEPS
+            y = start[1] + (end[1] - start[1]) * step // DRAG_STEPS
+            await self._mouse("mouseMoved", (x, y))
+        await self._press(end, False)
 
-    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._press(self.pointer, True)
-        return {"coordinate": list(self.pointer), "button": "left", "down": True}
+    async def _set_button(self, down: bool) -> None:
+        await self._press(self.pointer, down)
 
-    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._press(self.pointer, False)
-        return {"coordinate": list(self.pointer), "button": "left", "down": False}
-
-    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
-        point = a.coordinate if a.coordinate is not None else self.pointer
-        self._check_point(point, "action.coordinate")
-        px = a.amount * WHEEL_NOTCH_PX
-        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
-                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
-        async with self._input_lock:
-            if point != self.pointer:
-                await self._mouse("mouseMoved", point)
-            await self._mouse("mouseWheel", point, deltaX=dx, deltaY=dy)
-        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point)}
-        position = await self._scroll_settled()
-        if position is not None:
-            out["scrollPosition"] = {"x": position[0], "y": position[1]}
-        return out
-
-    async def _scroll_position(self) -> tuple[int, int] | None:
-        return scroll_xy(await self._eval("[window.scrollX, window.scrollY]"))
-
-    async def _scroll_settled(self) -> tuple[int, int] | None:
-        """The page's scroll position once it stops changing (a smooth scroll animates)."""
-        return await settled(self._scroll_position)
+    async def _wheel(self, point: tuple[int, int], dx: int, dy: int) -> dict[str, Any]:
+        await self._mouse("mouseWheel", point, deltaX=dx, deltaY=dy)
+        return {}
 
     # -- keyboard --
 
-    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
-        focused = await self._eval(_FOCUSED_EDITABLE) is True
-        async with self._input_lock:
-            await self.page.send("Input.insertText", {"text": a.text})
-        out: dict[str, Any] = {"characters": len(a.text), "via": "insertText", "focusedEditable": focused}
-        if not focused:
-            out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
-                           "have gone nowhere; click the field (or use fill) first")
-        return out
+    async def _type_text(self, text: str) -> str:
+        await self.page.send("Input.insertText", {"text": text})
+        return "insertText"
+
+    async def _press_combo(self, combo: KeyCombo) -> None:
+        for params in plan_press(combo):
+            await self.page.send("Input.dispatchKeyEvent", params)
 
     async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
         node = await self._query(a.selector)
@@ -692,16 +636,7 @@ class ChromiumDriver(PageVerbs):
                 await self._call_on(obj, _CLEAR)
         return {"selector": a.selector, "characters": len(a.text)}
 
-    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
-        async with self._input_lock:
-            for params in plan_press(a.combo):
-                await self.page.send("Input.dispatchKeyEvent", params)
-        return {"key": str(a.combo)}
-
     # -- observations --
-
-    async def _dom(self) -> Any:
-        return await self._eval(_DOM % EXTRACT_MAX_BYTES, timeout=30)
 
     async def _a11y(self) -> Outline:
         nodes = await self.page.call("Accessibility.getFullAXTree", None, parse_ax_tree, timeout=30)
@@ -915,8 +850,8 @@ class ChromiumDriver(PageVerbs):
     async def _page_url(self) -> str:
         return (await self._history()).entry.url
 
-    async def _is_secure_context(self) -> bool:
-        return await self._eval("window.isSecureContext") is True
+    async def _value(self, expression: str, *, timeout: float | None = None) -> Any:
+        return await self._eval(expression, timeout=timeout)
 
     async def _secure_origin(self, verb: str) -> str:
         origin = await super()._secure_origin(verb)
@@ -925,18 +860,9 @@ class ChromiumDriver(PageVerbs):
         })
         return origin
 
-    async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
-        await self._secure_origin("clipboard_read")
-        text = await self._eval("navigator.clipboard.readText()", await_promise=True, gesture=True)
-        if not isinstance(text, str):
-            raise CDPProtocolError("clipboard_read: the page's answer is not text")
-        return {"selection": "clipboard", "content": _text_json(text, CLIPBOARD_MAX_BYTES)}
-
-    async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
-        await self._secure_origin("clipboard_write")
-        await self._eval(f"navigator.clipboard.writeText({json.dumps(a.text)})",
-                         await_promise=True, gesture=True)
-        return {"selection": "clipboard", "bytes": len(a.text.encode())}
+    async def _with_gesture(self, verb: str, function: str, *args: Any) -> Any:
+        call = f"({function})({', '.join(json.dumps(a) for a in args)})"
+        return await self._eval(call, await_promise=True, gesture=True)
 
 
 def _document_status(events: list[Event], loader_id: str | None) -> int | None:

@@ -10,14 +10,17 @@ stills, input, profiles) stays in its own module.
 
 Engine hooks:
 
-- ``_page_json()``: the page's URL and title as the RPC shape;
-- ``_page_url()``: the top document's URL;
-- ``_is_secure_context()``: whether the page has the Clipboard API;
-- ``_dom()`` / ``_a11y()``: the document's HTML (:data:`rigd.browser.page.DOM_SCRIPT`'s
-  answer) and its accessibility outline;
+- ``_value(expression)``: an expression's JSON value, evaluated in rigd's world of the page;
+- ``_page_json()``: the page's URL and title as the RPC shape; ``_page_url()``: the URL;
+- ``_a11y()``: the document's accessibility outline;
 - ``_gather_console()``: move what the engine has buffered into :attr:`console`;
 - ``_resize(size)``: make the page ``size`` CSS px, or raise :class:`PageError` saying what it is;
-- ``_matches(engine, body)``: whether a selector matches now (a field error when it is invalid).
+- ``_matches(engine, body)``: whether a selector matches now (a field error when it is invalid);
+  ``_element_point(selector)``: the centre of the element it matches, in the viewport;
+- input: ``_click_at``, ``_move_to``, ``_drag_along``, ``_set_button``, ``_wheel``,
+  ``_type_text``, ``_press_combo``, each one gesture through the engine's input API;
+- ``_with_gesture(verb, function, *args)``: a page function run as if a person's gesture
+  had started it (the Clipboard API asks for one).
 """
 
 from __future__ import annotations
@@ -34,22 +37,35 @@ import trio
 
 import rigd.verbs.browser as bv
 from rigd.browser.page import (
+    CLIPBOARD_MAX_BYTES,
     CONSOLE_KEEP,
+    DOM_SCRIPT,
     EXTRACT_MAX_BYTES,
+    FOCUSED_EDITABLE,
     FULL_PAGE_MAX_HEIGHT,
     LOAD_TIMEOUT_S,
     TITLE_TIMEOUT_S,
     WAIT_FOR_POLL_S,
+    WHEEL_NOTCH_PX,
     PageError,
+    check_point,
+    scroll_xy,
     selector_engine,
+    settled,
     text_json,
 )
 from rigd.errors import Conflict, FieldError
 from rigd.model import Display
 from rigd.protocols.cdp import CDPError, CDPProtocolError
-from rigd.verbs.base import Action, BrowserAction, ExtractKind
+from rigd.verbs.base import Action, BrowserAction, ExtractKind, ScrollDirection
+from rigd.verbs.keys import KeyCombo
 
 SINCE = "the previous console extract (or the rig's start)"
+#: The Clipboard API's calls, run in the page's own realm with a gesture.
+READ_CLIPBOARD = "() => navigator.clipboard.readText()"
+WRITE_CLIPBOARD = "(t) => navigator.clipboard.writeText(t)"
+NOTHING_FOCUSED = ("no input, textarea or contenteditable element had focus, so the text may "
+                   "have gone nowhere; click the field (or use fill) first")
 
 
 class ConsoleLog:
@@ -140,6 +156,9 @@ class PageVerbs:
 
     # -- the engine's hooks --
 
+    async def _value(self, expression: str, *, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
     async def _page_json(self) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -147,10 +166,7 @@ class PageVerbs:
         raise NotImplementedError
 
     async def _is_secure_context(self) -> bool:
-        raise NotImplementedError
-
-    async def _dom(self) -> Any:
-        raise NotImplementedError
+        return await self._value("window.isSecureContext") is True
 
     async def _a11y(self) -> Outline:
         raise NotImplementedError
@@ -165,6 +181,38 @@ class PageVerbs:
     async def _matches(self, engine: str, body: str) -> bool:
         raise NotImplementedError
 
+    async def _element_point(self, selector: str) -> tuple[int, int]:
+        raise NotImplementedError
+
+    async def _click_at(self, point: tuple[int, int]) -> None:
+        """Move to ``point`` and click the left button there."""
+        raise NotImplementedError
+
+    async def _move_to(self, point: tuple[int, int]) -> None:
+        raise NotImplementedError
+
+    async def _drag_along(self, start: tuple[int, int], end: tuple[int, int]) -> None:
+        """Press at ``start``, move to ``end`` in :data:`DRAG_STEPS` steps, release."""
+        raise NotImplementedError
+
+    async def _set_button(self, down: bool) -> None:
+        """Press or release the left button where the pointer is."""
+        raise NotImplementedError
+
+    async def _wheel(self, point: tuple[int, int], dx: int, dy: int) -> dict[str, Any]:
+        """Scroll by (dx, dy) CSS px at ``point``; what the answer adds about how."""
+        raise NotImplementedError
+
+    async def _type_text(self, text: str) -> str:
+        """Enter ``text`` where the focus is; how (the answer's ``via``)."""
+        raise NotImplementedError
+
+    async def _press_combo(self, combo: KeyCombo) -> None:
+        raise NotImplementedError
+
+    async def _with_gesture(self, verb: str, function: str, *args: Any) -> Any:
+        raise NotImplementedError
+
     #: What a failed poll of ``wait_for`` may raise and be asked again (a navigation in between).
     transient: tuple[type[Exception], ...] = (CDPError,)
 
@@ -177,7 +225,92 @@ class PageVerbs:
             raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
         return await handler(action)
 
+    # -- pointer --
+
+    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
+        async with self._input_lock:
+            if a.selector is not None:
+                point = await self._element_point(a.selector)
+            else:
+                assert a.coordinate is not None
+                point = a.coordinate
+                check_point(self.viewport, point, "action.coordinate")
+            await self._click_at(point)
+            self.pointer, self.button_down = point, False
+        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
+        if a.selector is not None:
+            out["selector"] = a.selector
+        return out
+
+    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
+        check_point(self.viewport, a.coordinate, "action.coordinate")
+        async with self._input_lock:
+            await self._move_to(a.coordinate)
+            self.pointer = a.coordinate
+        return {"coordinate": list(a.coordinate)}
+
+    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
+        check_point(self.viewport, a.start, "action.start_coordinate")
+        check_point(self.viewport, a.end, "action.coordinate")
+        async with self._input_lock:
+            await self._drag_along(a.start, a.end)
+            self.pointer, self.button_down = a.end, False
+        return {"from": list(a.start), "to": list(a.end)}
+
+    async def _button(self, down: bool) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._set_button(down)
+            self.button_down = down
+        return {"coordinate": list(self.pointer), "button": "left", "down": down}
+
+    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
+        return await self._button(True)
+
+    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
+        return await self._button(False)
+
+    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
+        point = a.coordinate if a.coordinate is not None else self.pointer
+        check_point(self.viewport, point, "action.coordinate")
+        px = a.amount * WHEEL_NOTCH_PX
+        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
+                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
+        async with self._input_lock:
+            if point != self.pointer:
+                await self._move_to(point)
+                self.pointer = point
+            how = await self._wheel(point, dx, dy)
+        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point),
+                               **how}
+        # A smooth scroll animates: the position once it stops changing.
+        position = await settled(self._scroll_position)
+        if position is not None:
+            out["scrollPosition"] = {"x": position[0], "y": position[1]}
+        return out
+
+    async def _scroll_position(self) -> tuple[int, int] | None:
+        return scroll_xy(await self._value("[window.scrollX, window.scrollY]"))
+
+    # -- keyboard --
+
+    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
+        focused = await self._value(FOCUSED_EDITABLE) is True
+        async with self._input_lock:
+            via = await self._type_text(a.text)
+        out: dict[str, Any] = {"characters": len(a.text), "via": via, "focusedEditable": focused}
+        if not focused:
+            out["note"] = NOTHING_FOCUSED
+        return out
+
+    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
+        async with self._input_lock:
+            await self._press_combo(a.combo)
+        return {"key": str(a.combo)}
+
     # -- observations --
+
+    async def _dom(self) -> Any:
+        return await self._value(DOM_SCRIPT % EXTRACT_MAX_BYTES, timeout=30)
 
     async def _do_extract(self, a: bv.BrowserExtract) -> dict[str, Any]:
         page = await self._page_json()
@@ -253,6 +386,18 @@ class PageVerbs:
         return out
 
     # -- clipboard --
+
+    async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
+        await self._secure_origin("clipboard_read")
+        text = await self._with_gesture("clipboard_read", READ_CLIPBOARD)
+        if not isinstance(text, str):
+            raise CDPProtocolError("clipboard_read: the page's answer is not text")
+        return {"selection": "clipboard", "content": text_json(text, CLIPBOARD_MAX_BYTES)}
+
+    async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
+        await self._secure_origin("clipboard_write")
+        await self._with_gesture("clipboard_write", WRITE_CLIPBOARD, a.text)
+        return {"selection": "clipboard", "bytes": len(a.text.encode())}
 
     async def _secure_origin(self, verb: str) -> str:
         """The page's origin, or a refusal of a clipboard verb on a page without the Clipboard

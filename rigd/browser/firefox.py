@@ -29,7 +29,7 @@ import contextlib
 import io
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,16 +37,10 @@ import trio
 from PIL import Image
 
 import rigd.verbs.browser as bv
-from rigd.browser.bidi_input import (
-    Sleep,
-    plan_bidi,
-)
 from rigd.browser.cdp import CDPConnection, Subscription
 from rigd.browser.driver import Still, check_viewport, page_size, too_tall
-from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
     BOOT_VIEWPORT,
-    CLIPBOARD_MAX_BYTES,
     CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
     FULL_PAGE_MAX_HEIGHT,
@@ -58,7 +52,6 @@ from rigd.browser.page import (
     WORLD_NAME,
     PageError,
     origin_of,
-    text_json,
 )
 from rigd.browser.profiles import ProfileState, parse_state
 from rigd.browser.w3c import W3CActionsDriver
@@ -66,7 +59,6 @@ from rigd.errors import FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.bidi import error_code
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Fields
-from rigd.protocols.input import Step
 from rigd.verbs.base import HistoryDirection
 
 log = logging.getLogger("rigd.browser.firefox")
@@ -465,35 +457,10 @@ class FirefoxDriver(W3CActionsDriver):
 
     # -- clipboard --
 
-    async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
-        await self._secure_origin("clipboard_read")
-        text = await self._script("() => navigator.clipboard.readText()", page_realm=True, activation=True)
-        if not isinstance(text, str):
-            raise CDPProtocolError("clipboard_read: the page's answer is not text")
-        return {"selection": "clipboard", "content": text_json(text, CLIPBOARD_MAX_BYTES)}
-
-    async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
-        await self._secure_origin("clipboard_write")
-        await self._script("(t) => navigator.clipboard.writeText(t)", a.text,
-                           page_realm=True, activation=True)
-        return {"selection": "clipboard", "bytes": len(a.text.encode())}
+    async def _with_gesture(self, verb: str, function: str, *args: Any) -> Any:
+        return await self._script(function, *args, page_realm=True, activation=True)
 
     # -- a person's live-view input --
-
-    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
-        size = (self.viewport.width, self.viewport.height)
-        commands, after = plan_bidi(steps, size, state)
-        try:
-            async with self._input_lock:
-                for command in commands:
-                    if isinstance(command, Sleep):
-                        await trio.sleep(command.seconds)
-                    else:
-                        await self._actions(*command)
-        finally:
-            self.pointer = (after.x, after.y)
-            self.button_down = bool(after.buttons & 1)
-        return after
 
     # -- profiles (rigd.browser.profiles): over BiDi, never as guest files --
 

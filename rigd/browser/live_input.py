@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rigd.browser.dom_keys import KEYS_BY_CODE, MODIFIER_BITS
 from rigd.errors import FieldError
@@ -115,18 +115,38 @@ def _key(qcode: str, down: bool, s: PointerState) -> tuple[list[Command], Pointe
     return [("Input.dispatchKeyEvent", params)], dataclasses.replace(s, modifiers=held)
 
 
-def plan_cdp(steps: Sequence[qin.Step], viewport: tuple[int, int],
-             state: PointerState) -> tuple[list[Command], PointerState]:
-    """The CDP commands that replay ``steps`` on a ``viewport``-sized page, and the state after."""
+class InputPlan(Protocol):
+    """Where :func:`walk` puts each gesture, in an engine's own terms."""
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def text(self, step: qin.Text) -> None: ...
+
+    def move(self, s: PointerState) -> None: ...
+
+    def wheel(self, s: PointerState, dx: int, dy: int) -> None: ...
+
+    def button(self, s: PointerState, name: str, down: bool) -> None:
+        """``name`` went down or up; ``s`` is the state after."""
+        ...
+
+    def key(self, qcode: str, down: bool, s: PointerState) -> PointerState:
+        """A key went down or up; the state after (its modifiers)."""
+        ...
+
+
+def walk(steps: Sequence[qin.Step], viewport: tuple[int, int], state: PointerState,
+         plan: InputPlan) -> PointerState:
+    """Put ``steps`` (on a ``viewport``-sized page) into ``plan`` as gestures; the state after.
+    An absolute move is one gesture once both axes of a step are read."""
     w, h = viewport
-    out: list[Command] = []
     s = state
     for step in steps:
         if isinstance(step, qin.Pause):
-            out.append(Sleep(step.seconds))
+            plan.sleep(step.seconds)
             continue
         if isinstance(step, qin.Text):
-            out.append(("Input.insertText", {"text": step.text}))
+            plan.text(step)
             continue
         if isinstance(step, qin.Bind):
             raise FieldError("key", "a browser takes text as text, not through keymap bindings")
@@ -141,33 +161,63 @@ def plan_cdp(steps: Sequence[qin.Step], viewport: tuple[int, int],
                 moved = True
                 continue
             if moved:
-                out.append(_mouse("mouseMoved", s, button=_held_button(s)))
+                plan.move(s)
                 moved = False
             if kind == "btn":
                 name = str(data.get("button"))
                 down = bool(data.get("down"))
                 if name in _WHEEL:
                     if down:
-                        dx, dy = _WHEEL[name]
-                        out.append(_mouse("mouseWheel", s, deltaX=dx, deltaY=dy))
+                        plan.wheel(s, *_WHEEL[name])
                     continue
                 if name not in _BUTTON_BITS:
                     raise FieldError("button", f"the browser has no {name!r} button")
                 bit = _BUTTON_BITS[name]
                 s = dataclasses.replace(s, buttons=s.buttons | bit if down else s.buttons & ~bit)
-                out.append(_mouse("mousePressed" if down else "mouseReleased", s, button=name,
-                                  clickCount=1))
+                plan.button(s, name, down)
             elif kind == "key":
                 key = data.get("key") or {}
                 if key.get("type") != "qcode" or not isinstance(key.get("data"), str):
                     raise FieldError("key", "a browser takes keys by qcode")
-                cmds, s = _key(key["data"], bool(data.get("down")), s)
-                out.extend(cmds)
+                s = plan.key(key["data"], bool(data.get("down")), s)
             else:
                 raise FieldError("type", f"the browser cannot replay a {kind!r} input event")
         if moved:
-            out.append(_mouse("mouseMoved", s, button=_held_button(s)))
-    return out, s
+            plan.move(s)
+    return s
+
+
+class _CdpPlan:
+    def __init__(self) -> None:
+        self.out: list[Command] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.out.append(Sleep(seconds))
+
+    def text(self, step: qin.Text) -> None:
+        self.out.append(("Input.insertText", {"text": step.text}))
+
+    def move(self, s: PointerState) -> None:
+        self.out.append(_mouse("mouseMoved", s, button=_held_button(s)))
+
+    def wheel(self, s: PointerState, dx: int, dy: int) -> None:
+        self.out.append(_mouse("mouseWheel", s, deltaX=dx, deltaY=dy))
+
+    def button(self, s: PointerState, name: str, down: bool) -> None:
+        self.out.append(_mouse("mousePressed" if down else "mouseReleased", s, button=name, clickCount=1))
+
+    def key(self, qcode: str, down: bool, s: PointerState) -> PointerState:
+        cmds, s = _key(qcode, down, s)
+        self.out.extend(cmds)
+        return s
+
+
+def plan_cdp(steps: Sequence[qin.Step], viewport: tuple[int, int],
+             state: PointerState) -> tuple[list[Command], PointerState]:
+    """The CDP commands that replay ``steps`` on a ``viewport``-sized page, and the state after."""
+    plan = _CdpPlan()
+    after = walk(steps, viewport, state, plan)
+    return plan.out, after
 
 
 def _held_button(s: PointerState) -> str:
@@ -177,4 +227,4 @@ def _held_button(s: PointerState) -> str:
     return "none"
 
 
-__all__ = ["QCODE_CODES", "WHEEL_PX", "Command", "PointerState", "Sleep", "plan_cdp"]
+__all__ = ["QCODE_CODES", "WHEEL_PX", "Command", "InputPlan", "PointerState", "Sleep", "plan_cdp", "walk"]

@@ -182,7 +182,6 @@ FILL = f"""(engine, body, clear) => {{
   return verdict;
 }}"""
 TITLE = f"() => document.title.substring(0, {TITLE_MAX_CHARS})"
-SCROLL = "() => [window.scrollX, window.scrollY]"
 PAGE_SIZE = """() => { const d = document.documentElement, b = document.body;
   return [Math.max(d ? d.scrollWidth : 0, b ? b.scrollWidth : 0, innerWidth),
           Math.max(d ? d.scrollHeight : 0, b ? b.scrollHeight : 0, innerHeight)]; }"""
@@ -339,15 +338,6 @@ def check_fill_verdict(verdict: Any, engine: str) -> None:
                                             "takes an input, textarea or contenteditable element")
 
 
-def typed(characters: int, focused: bool) -> dict[str, Any]:
-    """A key-action ``type``'s answer."""
-    out: dict[str, Any] = {"characters": characters, "via": "key actions", "focusedEditable": focused}
-    if not focused:
-        out["note"] = ("no input, textarea or contenteditable element had focus, so the text may "
-                       "have gone nowhere; click the field (or use fill) first")
-    return out
-
-
 #: Where the live view's frames go: a JPEG, its width and height.
 FrameSink = Callable[[bytes, int, int], None]
 #: At most this many stills a second for the live view of an engine without a screencast (RIGS.md §7).
@@ -430,7 +420,6 @@ __all__ = [
     "PAGE_SIZE",
     "POINT",
     "POLL_FPS",
-    "SCROLL",
     "STORAGE",
     "TITLE",
     "FrameSink",

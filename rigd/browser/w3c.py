@@ -16,41 +16,43 @@ events and is not one of these.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 
 import rigd.verbs.browser as bv
-from rigd.browser.bidi_input import KEYBOARD_ID, MOUSE_ID, WHEEL_ID, press_actions, text_actions
+from rigd.browser.bidi_input import (
+    KEYBOARD_ID,
+    MOUSE_ID,
+    WHEEL_ID,
+    Sleep,
+    plan_bidi,
+    press_actions,
+    text_actions,
+)
 from rigd.browser.driver import Outline, PageVerbs
+from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
     A11Y_OUTLINE,
-    DOM_SCRIPT,
     DRAG_STEPS,
-    EXTRACT_MAX_BYTES,
     FILL,
     FIND,
-    FOCUSED_EDITABLE,
     POINT,
-    SCROLL,
     TITLE,
     TITLE_MAX_CHARS,
-    WHEEL_NOTCH_PX,
     FrameSink,
     check_fill_verdict,
-    check_point,
     element_centre,
     polled_frames,
-    scroll_xy,
     selector_engine,
-    settled,
     text_json,
-    typed,
 )
 from rigd.errors import FieldError
 from rigd.model import Display
 from rigd.protocols.cdp import CDPError, CDPProtocolError
-from rigd.verbs.base import ScrollDirection
+from rigd.protocols.input import Step
+from rigd.verbs.keys import KeyCombo
 
 #: Key actions per request: an engine runs them one by one (a long text would outlast one
 #: command's deadline), and its input state carries a held key from request to request.
@@ -86,14 +88,11 @@ class W3CActionsDriver(PageVerbs):
         """The key actions as this engine takes them (as given, unless it says otherwise)."""
         return actions
 
-    async def _is_secure_context(self) -> bool:
-        return await self._script("() => window.isSecureContext") is True
+    async def _value(self, expression: str, *, timeout: float | None = None) -> Any:
+        return await self._script(f"() => {expression}", timeout=timeout)
 
     #: Where the a11y extract's outline comes from (the engine has no accessibility tree to read).
     A11Y_SOURCE = "DOM-derived outline"
-
-    async def _dom(self) -> Any:
-        return await self._script(f"() => {DOM_SCRIPT % EXTRACT_MAX_BYTES}", timeout=30)
 
     async def _a11y(self) -> Outline:
         got = await self._script(A11Y_OUTLINE, 100_000, timeout=30)
@@ -160,83 +159,50 @@ class W3CActionsDriver(PageVerbs):
 
     # -- pointer --
 
-    async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
-        async with self._input_lock:
-            if a.selector is not None:
-                point = await self._element_point(a.selector)
-            else:
-                assert a.coordinate is not None
-                point = a.coordinate
-                check_point(self.viewport, point, "action.coordinate")
-            await self._actions(self._mouse([self._move(point), {"type": "pointerDown", "button": 0},
-                                             {"type": "pointerUp", "button": 0}]))
-            self.pointer, self.button_down = point, False
-        out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
-        if a.selector is not None:
-            out["selector"] = a.selector
-        return out
+    async def _click_at(self, point: tuple[int, int]) -> None:
+        await self._actions(self._mouse([self._move(point), {"type": "pointerDown", "button": 0},
+                                         {"type": "pointerUp", "button": 0}]))
 
-    async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
-        check_point(self.viewport, a.coordinate, "action.coordinate")
-        async with self._input_lock:
-            await self._actions(self._mouse([self._move(a.coordinate)]))
-            self.pointer = a.coordinate
-        return {"coordinate": list(a.coordinate)}
+    async def _move_to(self, point: tuple[int, int]) -> None:
+        await self._actions(self._mouse([self._move(point)]))
 
-    async def _do_drag(self, a: bv.BrowserDrag) -> dict[str, Any]:
-        check_point(self.viewport, a.start, "action.start_coordinate")
-        check_point(self.viewport, a.end, "action.coordinate")
-        steps: list[dict[str, Any]] = [self._move(a.start), {"type": "pointerDown", "button": 0}]
+    async def _drag_along(self, start: tuple[int, int], end: tuple[int, int]) -> None:
+        steps: list[dict[str, Any]] = [self._move(start), {"type": "pointerDown", "button": 0}]
         for step in range(1, DRAG_STEPS + 1):
-            steps.append({**self._move((a.start[0] + (a.end[0] - a.start[0]) * step // DRAG_STEPS,
-                                        a.start[1] + (a.end[1] - a.start[1]) * step // DRAG_STEPS)),
+            steps.append({**self._move((start[0] + (end[0] - start[0]) * step // DRAG_STEPS,
+                                        start[1] + (end[1] - start[1]) * step // DRAG_STEPS)),
                           "duration": 20})
         steps.append({"type": "pointerUp", "button": 0})
-        async with self._input_lock:
-            await self._actions(self._mouse(steps))
-            self.pointer, self.button_down = a.end, False
-        return {"from": list(a.start), "to": list(a.end)}
+        await self._actions(self._mouse(steps))
 
-    async def _button(self, down: bool) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._actions(self._mouse([self._move(self.pointer),
-                                             {"type": "pointerDown" if down else "pointerUp", "button": 0}]))
-            self.button_down = down
-        return {"coordinate": list(self.pointer), "button": "left", "down": down}
-
-    async def _do_left_mouse_down(self, _a: bv.BrowserLeftMouseDown) -> dict[str, Any]:
-        return await self._button(True)
-
-    async def _do_left_mouse_up(self, _a: bv.BrowserLeftMouseUp) -> dict[str, Any]:
-        return await self._button(False)
-
-    async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
-        point = a.coordinate if a.coordinate is not None else self.pointer
-        check_point(self.viewport, point, "action.coordinate")
-        px = a.amount * WHEEL_NOTCH_PX
-        dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
-                  ScrollDirection.LEFT: (-px, 0), ScrollDirection.RIGHT: (px, 0)}[a.direction]
-        async with self._input_lock:
-            if point != self.pointer:
-                await self._actions(self._mouse([self._move(point)]))
-                self.pointer = point
-            how = await self._wheel(point, dx, dy)
-        out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point),
-                               **how}
-        # A smooth scroll animates: the position once it stops changing.
-        position = await settled(self._scroll_position)
-        if position is not None:
-            out["scrollPosition"] = {"x": position[0], "y": position[1]}
-        return out
+    async def _set_button(self, down: bool) -> None:
+        await self._actions(self._mouse([self._move(self.pointer),
+                                         {"type": "pointerDown" if down else "pointerUp", "button": 0}]))
 
     async def _wheel(self, point: tuple[int, int], dx: int, dy: int) -> dict[str, Any]:
-        """Scroll by (dx, dy) at ``point`` (a wheel source); what the answer adds about how."""
         await self._actions({"type": "wheel", "id": WHEEL_ID, "actions": [
             {"type": "scroll", "x": point[0], "y": point[1], "deltaX": dx, "deltaY": dy}]})
         return {}
 
-    async def _scroll_position(self) -> tuple[int, int] | None:
-        return scroll_xy(await self._script(SCROLL))
+    # -- a person's live-view input --
+
+    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
+        """A person's live-view input as W3C action sources (:func:`plan_bidi`); the pointer after."""
+        commands, after = plan_bidi(steps, (self.viewport.width, self.viewport.height), state)
+        try:
+            async with self._input_lock:
+                for command in commands:
+                    if isinstance(command, Sleep):
+                        await trio.sleep(command.seconds)
+                    else:
+                        await self._replay_sources(command)
+        finally:
+            self.pointer = (after.x, after.y)
+            self.button_down = bool(after.buttons & 1)
+        return after
+
+    async def _replay_sources(self, sources: list[dict[str, Any]]) -> None:
+        await self._actions(*sources)
 
     # -- keyboard --
 
@@ -245,12 +211,12 @@ class W3CActionsDriver(PageVerbs):
         for i in range(0, len(actions), KEY_CHUNK):
             await self._actions({"type": "key", "id": KEYBOARD_ID, "actions": actions[i:i + KEY_CHUNK]})
 
-    async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
-        actions = text_actions(a.text)
-        focused = await self._script(f"() => {FOCUSED_EDITABLE}") is True
-        async with self._input_lock:
-            await self._keys(actions)
-        return typed(len(a.text), focused)
+    async def _type_text(self, text: str) -> str:
+        await self._keys(text_actions(text))
+        return "key actions"
+
+    async def _press_combo(self, combo: KeyCombo) -> None:
+        await self._keys(press_actions(combo))
 
     async def _do_fill(self, a: bv.BrowserFill) -> dict[str, Any]:
         engine, body = selector_engine(a.selector)
@@ -259,11 +225,6 @@ class W3CActionsDriver(PageVerbs):
             check_fill_verdict(await self._script(FILL, engine, body, not a.text), engine)
             await self._keys(actions)
         return {"selector": a.selector, "characters": len(a.text)}
-
-    async def _do_key(self, a: bv.BrowserKey) -> dict[str, Any]:
-        async with self._input_lock:
-            await self._keys(press_actions(a.combo))
-        return {"key": str(a.combo)}
 
 
 __all__ = ["KEY_CHUNK", "W3CActionsDriver"]

@@ -41,10 +41,8 @@ import trio
 from PIL import Image
 
 import rigd.verbs.browser as bv
-from rigd.browser.bidi_input import Sleep, plan_bidi
 from rigd.browser.driver import Still, page_size, too_tall
 from rigd.browser.firefox import MAX_PIXELS, fit_jpeg
-from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
     BOOT_VIEWPORT,
     CLIPBOARD_MAX_BYTES,
@@ -68,7 +66,6 @@ from rigd.browser.webdriver import WebDriverCommandFailed, WebDriverConnection
 from rigd.errors import Conflict, FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.protocols.cdp import CDPClosed, CDPError, CDPProtocolError
-from rigd.protocols.input import Step
 from rigd.verbs.base import (
     Action,
     HistoryDirection,
@@ -579,8 +576,7 @@ class WebKitDriver(W3CActionsDriver):
 
     # -- clipboard --
 
-    async def _clipboard(self, verb: str, function: str, *args: Any) -> Any:
-        await self._secure_origin(verb)
+    async def _with_gesture(self, verb: str, function: str, *args: Any) -> Any:
         try:
             return await self._script(function, *args)
         except _ScriptError as exc:
@@ -590,48 +586,31 @@ class WebKitDriver(W3CActionsDriver):
                                "text", reason="engine limit", field="action.action") from exc
             raise
 
-    async def _do_clipboard_read(self, _a: bv.BrowserClipboardRead) -> dict[str, Any]:
-        if self.x_clipboard is not None:
-            # WebKitGTK's clipboard is the display's: what the page copied, read where it lives.
-            await self._secure_origin("clipboard_read")
-            text = await self.x_clipboard(None)
-            return {"selection": "clipboard", "via": "x-clipboard",
-                    "content": text_json(text, CLIPBOARD_MAX_BYTES)}
-        text = await self._clipboard("clipboard_read", "() => navigator.clipboard.readText()")
-        if not isinstance(text, str):
-            raise CDPProtocolError("clipboard_read: the page's answer is not text")
-        return {"selection": "clipboard", "content": text_json(text, CLIPBOARD_MAX_BYTES)}
+    async def _do_clipboard_read(self, a: bv.BrowserClipboardRead) -> dict[str, Any]:
+        if self.x_clipboard is None:
+            return await super()._do_clipboard_read(a)
+        # WebKitGTK's clipboard is the display's: what the page copied, read where it lives.
+        await self._secure_origin("clipboard_read")
+        text = await self.x_clipboard(None)
+        return {"selection": "clipboard", "via": "x-clipboard",
+                "content": text_json(text, CLIPBOARD_MAX_BYTES)}
 
     async def _do_clipboard_write(self, a: bv.BrowserClipboardWrite) -> dict[str, Any]:
-        if self.x_clipboard is not None:
-            await self._secure_origin("clipboard_write")
-            await self.x_clipboard(a.text)
-            return {"selection": "clipboard", "via": "x-clipboard", "bytes": len(a.text.encode())}
-        await self._clipboard("clipboard_write", "(t) => navigator.clipboard.writeText(t)", a.text)
-        return {"selection": "clipboard", "bytes": len(a.text.encode())}
+        if self.x_clipboard is None:
+            return await super()._do_clipboard_write(a)
+        await self._secure_origin("clipboard_write")
+        await self.x_clipboard(a.text)
+        return {"selection": "clipboard", "via": "x-clipboard", "bytes": len(a.text.encode())}
 
     # -- a person's live-view input --
 
-    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
-        size = (self.viewport.width, self.viewport.height)
-        commands, after = plan_bidi(steps, size, state)
-        try:
-            async with self._input_lock:
-                for command in commands:
-                    if isinstance(command, Sleep):
-                        await trio.sleep(command.seconds)
-                        continue
-                    for source in command:
-                        if source.get("type") == "wheel":  # dropped by WebKitGTK's WebDriver
-                            for s in source.get("actions", ()):
-                                await self._scroll_by((int(s["x"]), int(s["y"])),
-                                                      int(s["deltaX"]), int(s["deltaY"]))
-                        else:
-                            await self._actions(source)
-        finally:
-            self.pointer = (after.x, after.y)
-            self.button_down = bool(after.buttons & 1)
-        return after
+    async def _replay_sources(self, sources: list[dict[str, Any]]) -> None:
+        for source in sources:
+            if source.get("type") == "wheel":  # dropped by WebKitGTK's WebDriver
+                for s in source.get("actions", ()):
+                    await self._scroll_by((int(s["x"]), int(s["y"])), int(s["deltaX"]), int(s["deltaY"]))
+            else:
+                await self._actions(source)
 
     # -- profiles (rigd.browser.profiles): over WebDriver, never as guest files --
 
