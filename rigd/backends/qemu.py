@@ -61,6 +61,7 @@ from rigd.backends.snapshot import (
 from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
 from rigd.frames import Changes, Lane, LiveScreen
 from rigd.model import Accel, Surface
+from rigd.nurseries import body_nursery
 from rigd.protocols.guest import Stream
 
 if TYPE_CHECKING:
@@ -107,22 +108,14 @@ async def open_qemu_machine(
     on_started: Callable[[int, int | None], None] | None = None,
 ) -> AsyncIterator[QemuMachine]:
     """A machine with its own nursery, torn down (and its evidence kept) on the way out."""
-    body_error: Exception | None = None
-    async with trio.open_nursery() as nursery:
+    async with body_nursery() as nursery:
         machine = QemuMachine(spec=spec, recipe=recipe, config=config, identity=identity,
                               paths=paths, gateway=gateway, log=log, nursery=nursery)
         machine.on_started = on_started
         try:
             yield machine
-        except Exception as exc:
-            # Raised below, outside the nursery: inside it the caller's own
-            # error would come back wrapped in an ExceptionGroup.
-            body_error = exc
         finally:
             await machine.shutdown()
-            nursery.cancel_scope.cancel()
-    if body_error is not None:
-        raise body_error
 
 
 async def run_quiet(argv: list[str], *, what: str) -> None:

@@ -31,6 +31,7 @@ import trio
 if TYPE_CHECKING:
     from websockets.trio.client import ClientConnection
 
+from rigd.nurseries import beside
 from rigd.protocols.cdp import (
     MAX_MESSAGE_CHARS,
     CDPClosed,
@@ -452,20 +453,11 @@ async def open_cdp(ws_url: str, *, log: logging.Logger | None = None,
         conn = CDPConnection(WebSocketTransport(ws), log=log, max_message_chars=max_message_chars,
                              default_timeout=default_timeout, max_in_flight=max_in_flight,
                              protocol=protocol)
-        body_error: Exception | None = None
-        async with trio.open_nursery() as nursery:
-            await nursery.start(conn.run)
+        async with beside(conn.run):
             try:
                 yield conn
-            except Exception as exc:
-                # Raised below, outside the nursery: inside it the caller's own
-                # error would come back wrapped in an ExceptionGroup.
-                body_error = exc
             finally:
                 await conn.aclose()
-                nursery.cancel_scope.cancel()
-        if body_error is not None:
-            raise body_error
 
 __all__ = [
     "CDPConnection", "CDPSession", "Subscription", "Transport", "TransportClosed",

@@ -24,7 +24,6 @@ the page is hostile and so is the browser that renders it.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -39,8 +38,8 @@ import trio
 import rigd.verbs.browser as bv
 from rigd.browser.cdp import CDPConnection, CDPSession, Subscription
 from rigd.browser.dom_keys import plan_press
-from rigd.browser.driver import Outline, PageVerbs, Still, check_viewport
-from rigd.browser.live_input import PointerState, Sleep, plan_cdp
+from rigd.browser.driver import Outline, PageVerbs, Planned, Still, check_viewport
+from rigd.browser.live_input import PointerState, plan_cdp
 from rigd.browser.page import (
     AX_MAX_NODES,
     BOOT_VIEWPORT,
@@ -53,6 +52,7 @@ from rigd.browser.page import (
     WORLD_NAME,
     FrameSink,
     PageError,
+    decoded_image,
     jpeg_size,
     selector_engine,
 )
@@ -66,6 +66,7 @@ from rigd.browser.page import text_json as _text_json
 from rigd.browser.profiles import ProfileState, parse_state
 from rigd.errors import FieldError
 from rigd.model import AGENT_STILL_MAX, Display
+from rigd.nurseries import beside
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
 from rigd.protocols.devtools import parse_cast_frame
 from rigd.protocols.input import Step
@@ -354,20 +355,11 @@ class ChromiumDriver(PageVerbs):
                                  {"type": kind, "x": x, "y": y, "data": data, "modifiers": 0})
         self.pointer = (x, y)
 
-    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
-        """A person's live-view input as ``Input.*`` commands (:func:`plan_cdp`); the pointer after."""
-        commands, after = plan_cdp(steps, (self.viewport.width, self.viewport.height), state)
-        try:
-            async with self._input_lock:
-                for command in commands:
-                    if isinstance(command, Sleep):
-                        await trio.sleep(command.seconds)
-                    else:
-                        await self.page.send(*command)
-        finally:
-            self.pointer = (after.x, after.y)
-            self.button_down = bool(after.buttons & 1)
-        return after
+    def _plan_input(self, steps: Sequence[Step], state: PointerState) -> Planned:
+        return plan_cdp(steps, (self.viewport.width, self.viewport.height), state)
+
+    async def _send_planned(self, command: Any) -> None:
+        await self.page.send(*command)
 
     # -- verbs -------------------------------------------------------------------------------
 
@@ -474,13 +466,7 @@ class ChromiumDriver(PageVerbs):
             loaded = True if nav.loader_id is None else await self._wait_load(
                 life, nav.loader_id, self.load_timeout_s)
             status = _document_status(responses.drain(), nav.loader_id)
-        out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": status}
-        if nav.loader_id is None:
-            out["note"] = "a same-document navigation (a fragment or history.pushState): nothing loaded"
-        elif not loaded:
-            out["note"] = (f"the page had not fired load within {self.load_timeout_s:g} s; "
-                           "it may still be loading")
-        return out
+        return await self._navigated(loaded, status, nav.loader_id is None)
 
     async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
         with self.page.subscribe({"Page.lifecycleEvent"}) as life:
@@ -820,16 +806,9 @@ class ChromiumDriver(PageVerbs):
             # The history index moves before the document does (it counts the pending
             # entry): wait for the main frame to commit, then for its readyState.
             await moved.wait_for(self._main_frame_moved, self.load_timeout_s)
-            while True:
-                with contextlib.suppress(CDPError):
-                    if await self._eval("document.readyState") == "complete":
-                        loaded = True
-                        break
-                await trio.sleep(0.05)
-        out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
-        if not loaded:
-            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
-        return out
+            await self._until_complete()
+            loaded = True
+        return await self._went(a, loaded)
 
     def _main_frame_moved(self, event: Event) -> bool:
         if event.method == "Page.navigatedWithinDocument":
@@ -877,11 +856,7 @@ def _document_status(events: list[Event], loader_id: str | None) -> int | None:
 
 
 def _image_bytes(f: Fields) -> bytes:
-    text = f.string("data", IMAGE_MAX_BYTES * 4 // 3 + 4)
-    try:
-        return base64.b64decode(text, validate=True)
-    except ValueError as exc:
-        raise CDPProtocolError("Page.captureScreenshot: data is not base64") from exc
+    return decoded_image(f.string("data", IMAGE_MAX_BYTES * 4 // 3 + 4), "Page.captureScreenshot")
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int]:
@@ -923,19 +898,12 @@ async def open_chromium(conn: CDPConnection, *, viewport: Display = BOOT_VIEWPOR
                                      limit=CONSOLE_KEEP)
     driver = ChromiumDriver(conn, page, tid, console, viewport=viewport)
     await driver._setup()
-    body_error: Exception | None = None
-    async with trio.open_nursery() as nursery:
-        await nursery.start(driver.answer_dialogs)
-        try:
+    try:
+        async with beside(driver.answer_dialogs):
             yield driver
-        except Exception as exc:
-            body_error = exc  # raised outside the nursery, unwrapped (as open_cdp does)
-        finally:
-            nursery.cancel_scope.cancel()
-            conn.unsubscribe(console)
-            conn.unsubscribe(driver._contexts)
-    if body_error is not None:
-        raise body_error
+    finally:
+        conn.unsubscribe(console)
+        conn.unsubscribe(driver._contexts)
 
 
 __all__ = ["BOOT_VIEWPORT", "ChromiumDriver", "PageError", "open_chromium", "render_ax"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import trio
 
 import rigd.verbs.browser as bv
+from rigd.browser.live_input import PointerState, Sleep
 from rigd.browser.page import (
     CLIPBOARD_MAX_BYTES,
     CONSOLE_KEEP,
@@ -57,6 +58,7 @@ from rigd.browser.page import (
 from rigd.errors import Conflict, FieldError
 from rigd.model import Display
 from rigd.protocols.cdp import CDPError, CDPProtocolError
+from rigd.protocols.input import Step
 from rigd.verbs.base import Action, BrowserAction, ExtractKind, ScrollDirection
 from rigd.verbs.keys import KeyCombo
 
@@ -66,6 +68,10 @@ READ_CLIPBOARD = "() => navigator.clipboard.readText()"
 WRITE_CLIPBOARD = "(t) => navigator.clipboard.writeText(t)"
 NOTHING_FOCUSED = ("no input, textarea or contenteditable element had focus, so the text may "
                    "have gone nowhere; click the field (or use fill) first")
+
+
+#: The engine's commands for a person's live input (:class:`Sleep` between) and the pointer after.
+Planned = tuple[Sequence[object], PointerState]
 
 
 class ConsoleLog:
@@ -213,6 +219,13 @@ class PageVerbs:
     async def _with_gesture(self, verb: str, function: str, *args: Any) -> Any:
         raise NotImplementedError
 
+    def _plan_input(self, steps: Sequence[Step], state: PointerState) -> Planned:
+        """A person's live-view input as the engine's input commands (:class:`Sleep` between)."""
+        raise NotImplementedError
+
+    async def _send_planned(self, command: Any) -> None:
+        raise NotImplementedError
+
     #: What a failed poll of ``wait_for`` may raise and be asked again (a navigation in between).
     transient: tuple[type[Exception], ...] = (CDPError,)
 
@@ -224,6 +237,23 @@ class PageVerbs:
         if handler is None or not isinstance(action, BrowserAction):
             raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
         return await handler(action)
+
+    # -- a person's live-view input --
+
+    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
+        """A person's live-view input through the engine's input API; the pointer after."""
+        commands, after = self._plan_input(steps, state)
+        try:
+            async with self._input_lock:
+                for command in commands:
+                    if isinstance(command, Sleep):
+                        await trio.sleep(command.seconds)
+                    else:
+                        await self._send_planned(command)
+        finally:
+            self.pointer = (after.x, after.y)
+            self.button_down = bool(after.buttons & 1)
+        return after
 
     # -- pointer --
 
@@ -306,6 +336,35 @@ class PageVerbs:
         async with self._input_lock:
             await self._press_combo(a.combo)
         return {"key": str(a.combo)}
+
+    # -- loads --
+
+    async def _navigated(self, loaded: bool, status: int | None, same_document: bool) -> dict[str, Any]:
+        """A navigate's answer once the engine has said how the load went."""
+        out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": status}
+        if same_document:
+            out["note"] = "a same-document navigation (a fragment or history.pushState): nothing loaded"
+        elif not loaded:
+            out["note"] = (f"the page had not fired load within {self.load_timeout_s:g} s; "
+                           "it may still be loading")
+        return out
+
+    async def _until_complete(self, moved: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """Poll (every 50 ms, within the caller's deadline) until the document's readyState is
+        ``complete`` and, if given, ``moved()`` (no event says a restored page is ready)."""
+        while True:
+            with contextlib.suppress(CDPError):
+                if await self._value("document.readyState") == "complete" \
+                        and (moved is None or await moved()):
+                    return
+            await trio.sleep(0.05)
+
+    async def _went(self, a: bv.BrowserHistory, loaded: bool) -> dict[str, Any]:
+        """A history verb's answer once the engine has moved."""
+        out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
+        if not loaded:
+            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
+        return out
 
     # -- observations --
 
@@ -416,4 +475,6 @@ class PageVerbs:
         return f"{parts.scheme}://{parts.netloc}"
 
 
-__all__ = ["ConsoleLog", "Outline", "PageVerbs", "Still", "check_viewport", "page_size", "too_tall"]
+__all__ = [
+    "ConsoleLog", "Outline", "PageVerbs", "Planned", "Still", "check_viewport", "page_size", "too_tall",
+]

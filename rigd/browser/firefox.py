@@ -24,7 +24,6 @@ derived from the DOM (BiDi exposes no accessibility tree), labelled so.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import io
 import json
@@ -48,15 +47,15 @@ from rigd.browser.page import (
     PAGE_SIZE,
     POLL_FPS,
     RESTORE_STORAGE,
-    STORAGE,
     WORLD_NAME,
     PageError,
-    origin_of,
+    decoded_image,
 )
-from rigd.browser.profiles import ProfileState, parse_state
+from rigd.browser.profiles import ProfileState, expires_from_w3c, expiry_for_w3c, parse_state
 from rigd.browser.w3c import W3CActionsDriver
 from rigd.errors import FieldError
 from rigd.model import AGENT_STILL_MAX, Display
+from rigd.nurseries import beside
 from rigd.protocols.bidi import error_code
 from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Fields
 from rigd.verbs.base import HistoryDirection
@@ -161,11 +160,7 @@ def _context_url(f: Fields) -> str:
 
 
 def _image_bytes(f: Fields) -> bytes:
-    text = f.string("data", IMAGE_MAX_BYTES * 4 // 3 + 4)
-    try:
-        return base64.b64decode(text, validate=True)
-    except ValueError as exc:
-        raise CDPProtocolError("browsingContext.captureScreenshot: data is not base64") from exc
+    return decoded_image(f.string("data", IMAGE_MAX_BYTES * 4 // 3 + 4), "browsingContext.captureScreenshot")
 
 
 def fit_jpeg(data: bytes, max_w: int, max_h: int, quality: int) -> tuple[bytes, int, int]:
@@ -232,9 +227,7 @@ def cookie_to_saved(raw: object) -> dict[str, Any] | None:
     # cookie would be refused when it is put back, so the browser's default is kept instead.
     if same is not None and (same != "None" or out["secure"]):
         out["sameSite"] = same
-    expiry = raw.get("expiry")
-    if isinstance(expiry, int) and not isinstance(expiry, bool) and 0 < expiry < 2**40:
-        out["expires"] = float(expiry)
+    out.update(expires_from_w3c(raw))
     return out
 
 
@@ -248,9 +241,7 @@ def cookie_to_bidi(saved: dict[str, Any]) -> dict[str, Any]:
     same = saved.get("sameSite")
     fallback = "none" if out["secure"] else "lax"
     out["sameSite"] = _SAME_SITE_IN.get(same if isinstance(same, str) else "", fallback)
-    expires = saved.get("expires")
-    if isinstance(expires, int | float) and not isinstance(expires, bool) and expires > 0:
-        out["expiry"] = int(expires)
+    out.update(expiry_for_w3c(saved))
     return out
 
 
@@ -374,13 +365,7 @@ class FirefoxDriver(W3CActionsDriver):
 
     async def _do_navigate(self, a: bv.BrowserNavigate) -> dict[str, Any]:
         loaded, same, status = await self._load("browsingContext.navigate", {"url": a.url}, "navigate", a.url)
-        out: dict[str, Any] = {**await self._page_json(), "loaded": loaded, "status": status}
-        if same:
-            out["note"] = "a same-document navigation (a fragment or history.pushState): nothing loaded"
-        elif not loaded:
-            out["note"] = (f"the page had not fired load within {self.load_timeout_s:g} s; "
-                           "it may still be loading")
-        return out
+        return await self._navigated(loaded, status, same)
 
     async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
         url = await self._page_url()
@@ -440,20 +425,15 @@ class FirefoxDriver(W3CActionsDriver):
                 raise FieldError("action.direction", f"there is no {'earlier' if back else 'later'} page "
                                                      "in this tab's history") from exc
             raise
+        async def moved() -> bool:
+            return await self._page_url() != before
+
         loaded = False
         with trio.move_on_after(self.load_timeout_s):
-            while True:
-                # A back-forward cache restore fires no load: read the document itself.
-                with contextlib.suppress(CDPError):
-                    if await self._script("() => document.readyState") == "complete" \
-                            and await self._page_url() != before:
-                        loaded = True
-                        break
-                await trio.sleep(0.05)
-        out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
-        if not loaded:
-            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
-        return out
+            # A back-forward cache restore fires no load: read the document itself.
+            await self._until_complete(moved)
+            loaded = True
+        return await self._went(a, loaded)
 
     # -- clipboard --
 
@@ -473,14 +453,7 @@ class FirefoxDriver(W3CActionsDriver):
         url = await self._page_url()
         tabs = [c.get("url") for c in (listed if isinstance(listed, list) else [])
                 if isinstance(c, dict) and c.get("context") != self.context]
-        storage = dict(previous.storage) if previous is not None else {}
-        origin = origin_of(url)
-        if origin is not None:
-            items = await self._script(STORAGE, timeout=30)
-            if isinstance(items, dict) and items:
-                storage[origin] = items
-            else:
-                storage.pop(origin, None)
+        storage = await self._storage_now(previous, url)
         return parse_state({"cookies": cookies, "tabs": [url, *tabs], "storage": storage})
 
     async def import_profile(self, state: ProfileState) -> list[str]:
@@ -529,18 +502,11 @@ async def open_firefox(conn: CDPConnection, *, viewport: Display = BOOT_VIEWPORT
     context = await conn.call("browsingContext.getTree", {"maxDepth": 0}, _first_context)
     driver = FirefoxDriver(conn, context, events, viewport=viewport, version=version)
     await driver._setup()
-    body_error: Exception | None = None
-    async with trio.open_nursery() as nursery:
-        await nursery.start(driver.read_events)
-        try:
+    try:
+        async with beside(driver.read_events):
             yield driver
-        except Exception as exc:
-            body_error = exc
-        finally:
-            nursery.cancel_scope.cancel()
-            conn.unsubscribe(events)
-    if body_error is not None:
-        raise body_error
+    finally:
+        conn.unsubscribe(events)
 
 
 __all__ = [

@@ -13,6 +13,7 @@ scripts rigd runs in the page (resolving Playwright selectors, preparing a field
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -23,6 +24,7 @@ import trio
 from rigd.errors import BackendError, FieldError
 from rigd.framing import untrusted_bytes
 from rigd.model import Display
+from rigd.protocols.cdp import CDPProtocolError
 from rigd.protocols.devtools import jpeg_size
 
 T = TypeVar("T")
@@ -70,6 +72,17 @@ DRAG_STEPS = 5
 
 class PageError(BackendError):
     """The page could not do what the verb asked (a failed load, a crashed renderer)."""
+
+
+def decoded_image(text: object, what: str) -> bytes:
+    """A still sent as base64 text, decoded; a protocol error naming ``what`` unless it is
+    base64 text of at most :data:`IMAGE_MAX_BYTES` decoded."""
+    if not isinstance(text, str) or len(text) > IMAGE_MAX_BYTES * 4 // 3 + 4:
+        raise CDPProtocolError(f"{what}: the image is not base64 text under the cap")
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise CDPProtocolError(f"{what}: the image is not base64") from exc
 
 
 def text_json(text: str, limit: int) -> dict[str, Any]:

@@ -230,5 +230,23 @@ class ProfileStore:
             raise RigdError(f"browser profile {ref.name!r} is not JSON") from exc
 
 
-__all__ = ["PROFILE_NAME", "ProfileRef", "ProfileState", "ProfileStore", "cookie_param", "parse_profile_name",
-           "parse_state"]
+
+def expires_from_w3c(raw: dict[str, Any]) -> dict[str, float]:
+    """A W3C cookie's ``expiry`` (whole seconds; BiDi's and WebDriver's alike) as a saved
+    cookie's ``expires``, or nothing for a session cookie (or a value that does not check)."""
+    expiry = raw.get("expiry")
+    if isinstance(expiry, int) and not isinstance(expiry, bool) and 0 < expiry < 2**40:
+        return {"expires": float(expiry)}
+    return {}
+
+
+def expiry_for_w3c(saved: dict[str, Any]) -> dict[str, int]:
+    """A saved cookie's ``expires`` as a W3C cookie's ``expiry``, or nothing for a session cookie."""
+    expires = saved.get("expires")
+    if isinstance(expires, int | float) and not isinstance(expires, bool) and expires > 0:
+        return {"expiry": int(expires)}
+    return {}
+
+
+__all__ = ["PROFILE_NAME", "ProfileRef", "ProfileState", "ProfileStore", "cookie_param", "expires_from_w3c",
+           "expiry_for_w3c", "parse_profile_name", "parse_state"]

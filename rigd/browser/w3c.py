@@ -26,12 +26,11 @@ from rigd.browser.bidi_input import (
     KEYBOARD_ID,
     MOUSE_ID,
     WHEEL_ID,
-    Sleep,
     plan_bidi,
     press_actions,
     text_actions,
 )
-from rigd.browser.driver import Outline, PageVerbs
+from rigd.browser.driver import Outline, PageVerbs, Planned
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import (
     A11Y_OUTLINE,
@@ -39,15 +38,18 @@ from rigd.browser.page import (
     FILL,
     FIND,
     POINT,
+    STORAGE,
     TITLE,
     TITLE_MAX_CHARS,
     FrameSink,
     check_fill_verdict,
     element_centre,
+    origin_of,
     polled_frames,
     selector_engine,
     text_json,
 )
+from rigd.browser.profiles import ProfileState
 from rigd.errors import FieldError
 from rigd.model import Display
 from rigd.protocols.cdp import CDPError, CDPProtocolError
@@ -184,22 +186,26 @@ class W3CActionsDriver(PageVerbs):
             {"type": "scroll", "x": point[0], "y": point[1], "deltaX": dx, "deltaY": dy}]})
         return {}
 
+    async def _storage_now(self, previous: ProfileState | None, url: str) -> dict[str, dict[str, str]]:
+        """A profile's local storage: ``previous``'s, with the driven page's origin as it is now
+        (dropped when the page holds none); origins visited earlier keep what was saved."""
+        storage = dict(previous.storage) if previous is not None else {}
+        origin = origin_of(url)
+        if origin is not None:
+            items = await self._script(STORAGE, timeout=30)
+            if isinstance(items, dict) and items:
+                storage[origin] = items
+            else:
+                storage.pop(origin, None)
+        return storage
+
     # -- a person's live-view input --
 
-    async def replay(self, steps: Sequence[Step], state: PointerState) -> PointerState:
-        """A person's live-view input as W3C action sources (:func:`plan_bidi`); the pointer after."""
-        commands, after = plan_bidi(steps, (self.viewport.width, self.viewport.height), state)
-        try:
-            async with self._input_lock:
-                for command in commands:
-                    if isinstance(command, Sleep):
-                        await trio.sleep(command.seconds)
-                    else:
-                        await self._replay_sources(command)
-        finally:
-            self.pointer = (after.x, after.y)
-            self.button_down = bool(after.buttons & 1)
-        return after
+    def _plan_input(self, steps: Sequence[Step], state: PointerState) -> Planned:
+        return plan_bidi(steps, (self.viewport.width, self.viewport.height), state)
+
+    async def _send_planned(self, command: Any) -> None:
+        await self._replay_sources(command)
 
     async def _replay_sources(self, sources: list[dict[str, Any]]) -> None:
         await self._actions(*sources)

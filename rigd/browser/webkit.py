@@ -27,7 +27,6 @@ viewport-only screenshots, and wheel input that WebKitGTK's WebDriver drops
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import io
 import json
@@ -54,17 +53,18 @@ from rigd.browser.page import (
     PAGE_SIZE,
     POLL_FPS,
     RESTORE_STORAGE,
-    STORAGE,
     PageError,
+    decoded_image,
     origin_of,
     scroll_xy,
     text_json,
 )
-from rigd.browser.profiles import ProfileState, parse_state
+from rigd.browser.profiles import ProfileState, expires_from_w3c, expiry_for_w3c, parse_state
 from rigd.browser.w3c import W3CActionsDriver
 from rigd.browser.webdriver import WebDriverCommandFailed, WebDriverConnection
 from rigd.errors import Conflict, FieldError
 from rigd.model import AGENT_STILL_MAX, Display
+from rigd.nurseries import beside
 from rigd.protocols.cdp import CDPClosed, CDPError, CDPProtocolError
 from rigd.verbs.base import (
     Action,
@@ -226,9 +226,7 @@ def cookie_to_saved(raw: object) -> dict[str, Any] | None:
     same = raw.get("sameSite")
     if same in ("Strict", "Lax") or (same == "None" and out["secure"]):
         out["sameSite"] = same
-    expiry = raw.get("expiry")
-    if isinstance(expiry, int) and not isinstance(expiry, bool) and 0 < expiry < 2**40:
-        out["expires"] = float(expiry)
+    out.update(expires_from_w3c(raw))
     return out
 
 
@@ -240,9 +238,7 @@ def cookie_to_webdriver(saved: dict[str, Any]) -> dict[str, Any]:
     same = saved.get("sameSite")
     if same in ("Strict", "Lax") or (same == "None" and out["secure"]):
         out["sameSite"] = same
-    expires = saved.get("expires")
-    if isinstance(expires, int | float) and not isinstance(expires, bool) and expires > 0:
-        out["expiry"] = int(expires)
+    out.update(expiry_for_w3c(saved))
     return out
 
 
@@ -437,13 +433,7 @@ class WebKitDriver(W3CActionsDriver):
         return [CONSOLE_LIMIT]
 
     async def _png(self) -> bytes:
-        raw = await self._cmd("GET", "/screenshot", timeout=CAPTURE_TIMEOUT_S)
-        if not isinstance(raw, str) or len(raw) > IMAGE_MAX_BYTES * 4 // 3 + 4:
-            raise CDPProtocolError("screenshot: the image is not base64 text under the cap")
-        try:
-            return base64.b64decode(raw, validate=True)
-        except ValueError as exc:
-            raise CDPProtocolError("screenshot: the image is not base64") from exc
+        return decoded_image(await self._cmd("GET", "/screenshot", timeout=CAPTURE_TIMEOUT_S), "screenshot")
 
     async def _full_page(self, notes: list[str]) -> tuple[bytes, int, int, dict[str, int]]:
         """The page joined from viewport stills, top to bottom (its scroll put back after)."""
@@ -569,10 +559,7 @@ class WebKitDriver(W3CActionsDriver):
             # The same document, still marked: there was no page to go to.
             raise FieldError("action.direction", f"there is no {'earlier' if back else 'later'} page "
                                                  "in this window's history")
-        out = {**await self._page_json(), "direction": str(a.direction), "loaded": loaded}
-        if not loaded:
-            out["note"] = f"the page had not finished loading within {self.load_timeout_s:g} s"
-        return out
+        return await self._went(a, loaded)
 
     # -- clipboard --
 
@@ -624,14 +611,7 @@ class WebKitDriver(W3CActionsDriver):
         kept = [c for c in (previous.cookies if previous is not None else [])
                 if (c.get("name"), c.get("domain"), c.get("path", "/")) not in keys
                 and not _cookie_for(c, url)]
-        storage = dict(previous.storage) if previous is not None else {}
-        origin = origin_of(url)
-        if origin is not None:
-            items = await self._script(STORAGE, timeout=30)
-            if isinstance(items, dict) and items:
-                storage[origin] = items
-            else:
-                storage.pop(origin, None)
+        storage = await self._storage_now(previous, url)
         return parse_state({"cookies": [*kept, *seen], "tabs": [url], "storage": storage})
 
     async def import_profile(self, state: ProfileState) -> list[str]:
@@ -676,7 +656,6 @@ async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIE
     version = capabilities.get("browserVersion") if isinstance(capabilities, dict) else None
     driver = WebKitDriver(conn, got["sessionId"], viewport=viewport, clipboard=clipboard,
                           version=str(version)[:64] if isinstance(version, str) else "")
-    body_error: Exception | None = None
     try:
         await driver._cmd("POST", "/timeouts", {"script": int(SCRIPT_TIMEOUT_S * 1000),
                                                 "pageLoad": int(LOAD_TIMEOUT_S * 1000), "implicit": 0})
@@ -684,20 +663,12 @@ async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIE
         if start_url is not None:
             await driver._cmd("POST", "/url", {"url": start_url}, timeout=LOAD_TIMEOUT_S + COMMAND_SLACK_S)
         await driver._script(CONSOLE_HOOK, timeout=5)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(driver.watch)
-            try:
-                yield driver
-            except Exception as exc:
-                body_error = exc
-            finally:
-                nursery.cancel_scope.cancel()
+        async with beside(driver.watch):
+            yield driver
     finally:
         if conn.closed is None:
             with trio.move_on_after(5), contextlib.suppress(CDPError):
                 await conn.command("DELETE", f"/session/{driver.session}", timeout=5)
-    if body_error is not None:
-        raise body_error
 
 
 __all__ = [

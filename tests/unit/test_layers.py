@@ -27,6 +27,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "rigd.backends": ("rigd.rigs", "rigd.tools", "rigd.client", "rigd.server"),
     "rigd.rigs": ("rigd.tools", "rigd.client", "rigd.server"),
     "rigd.tools": ("rigd.client", "rigd.server"),
+    "rigd.nurseries": ("rigd",),
 }
 #: The one way up: ``rigd serve`` and the local commands start what they run.
 ALLOWED = {("rigd.client.cli", "rigd.server")}
