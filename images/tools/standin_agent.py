@@ -1,9 +1,9 @@
-"""Stand-in for guest-agent/rigd_agent.py, used only while that file is absent.
+"""Stand-in for guest-agent/rigd_agent/, used only while that package is absent.
 
 It proves the boot path end to end (tools disk, Python runtime, the agent's
 port) and nothing more: it prints the ready line the host waits for, then
 reaps orphans as PID 1 must. The image build copies the real agent instead
-as soon as guest-agent/rigd_agent.py exists.
+as soon as guest-agent/rigd_agent/ exists.
 """
 
 import argparse

@@ -48,7 +48,7 @@ SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=de
 
 #: Name of the virtio-serial port the guest agent opens (/dev/virtio-ports/rigd.agent).
 AGENT_PORT_NAME = "rigd.agent"
-#: A terminal rig's port multiplexer (guest-agent/rigd_mux.py, docs/ports.md) and its socket in the rig dir.
+#: A terminal rig's port multiplexer (guest-agent/rigd_agent/mux.py, docs/ports.md), its rig-dir socket.
 PORTS_PORT_NAME = "rigd.ports"
 PORTS_SOCKET = "ports.sock"
 

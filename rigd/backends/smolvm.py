@@ -88,7 +88,7 @@ def rig_argv(
 
 
 def ports_channel(rig_dir: Path) -> list[tuple[str, Path]]:
-    """A terminal's port multiplexer channel (RIGS.md §8; guest-agent/rigd_mux.py)."""
+    """A terminal's port multiplexer channel (RIGS.md §8; guest-agent/rigd_agent/mux.py)."""
     return [(PORTS_PORT_NAME, rig_dir / PORTS_SOCKET)]
 
 

@@ -77,24 +77,17 @@ class Recipes:
 
     @property
     def agent(self) -> Path:
-        """The real guest agent (written in ``guest-agent/``)."""
-        return self.root / "guest-agent" / "rigd_agent.py"
-
-    @property
-    def mux(self) -> Path:
-        """The guest's port multiplexer (``guest-agent/rigd_mux.py``), carried by the tools disk."""
-        return self.root / "guest-agent" / "rigd_mux.py"
+        """The real guest agent: the ``rigd_agent`` package (``guest-agent/rigd_agent/``, its
+        port multiplexer included), carried by the tools disk as one zipapp."""
+        return self.root / "guest-agent" / "rigd_agent"
 
     @property
     def standin_agent(self) -> Path:
-        """Used only while ``guest-agent/rigd_agent.py`` does not exist yet."""
+        """Used only while ``guest-agent/rigd_agent/`` does not exist yet."""
         return self.tools_dir / "standin_agent.py"
 
-    def agent_source(self) -> tuple[Path, bool]:
-        """``(path, is_real)`` of the agent the tools disk will carry."""
-        if self.agent.is_file():
-            return self.agent, True
-        return self.standin_agent, False
+    def agent_is_real(self) -> bool:
+        return (self.agent / "__main__.py").is_file()
 
     def locks(self) -> list[tuple[Path, str | None]]:
         """Every lock file with the metapackage prefix ``pin`` follows (if any)."""

@@ -6,8 +6,9 @@ guest)::
 
     bin/busybox                    static; stage-2 init and the fallback shell
     init                           stage-2 init (busybox sh script)
-    agent/rigd_agent.py            the guest agent
-    agent/rigd_mux.py              the port multiplexer (terminal rigs; started by the host)
+    agent/rigd_agent.pyz           the guest agent, one zipapp (rigd.images.agent_app)
+    agent/rigd_agent.py            its launcher: runs the agent from the zipapp
+    agent/rigd_mux.py              the port multiplexer's (terminal rigs; started by the host)
     lib/x86_64-linux-gnu/...       libc6, libgcc-s1 and the loader
     usr/bin/python3.11             Debian's interpreter
     usr/lib/python3.11/...         its stdlib, precompiled to .pyc
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rigd.errors import RigdError
-from rigd.images import debs
+from rigd.images import agent_app, debs
 from rigd.images.cache import READ_ONLY_MODE, Log, builder_sources, cached_build, recipe_key
 from rigd.images.ext4 import MiB, make_ext4, tree_usage
 from rigd.images.initramfs import busybox_binary
@@ -72,15 +73,14 @@ class ToolsAsset:
 
 
 def tools_key(r: Recipes) -> str:
-    agent, real = r.agent_source()
+    real = r.agent_is_real()
     files = [
         r.runtime_lock,
         r.busybox_lock,
         r.sources,
         r.tools_dir / "init",
-        agent,
-        r.mux,
-        *builder_sources("tools", "debs", "ext4", "initramfs"),
+        *(agent_app.package_files(r.agent) if real else [r.standin_agent]),
+        *builder_sources("tools", "debs", "ext4", "initramfs", "agent_app"),
     ]
     return recipe_key(files, root=r.root, extra=[f"agent-real={real}"])
 
@@ -158,17 +158,18 @@ def _build(r: Recipes, cache_dir: Path, out: Path, log: Log, epoch: int) -> None
     (tree / "bin" / "busybox").chmod(0o755)
     shutil.copyfile(r.tools_dir / "init", tree / "init")
     (tree / "init").chmod(0o755)
-    agent, real = r.agent_source()
-    (tree / "agent").mkdir()
-    shutil.copyfile(agent, tree / "agent" / "rigd_agent.py")
-    if r.mux.is_file():
-        shutil.copyfile(r.mux, tree / "agent" / "rigd_mux.py")
-    if not real:
-        log(f"tools: WARNING guest-agent/rigd_agent.py is missing; using the stand-in {agent}")
+    real = r.agent_is_real()
+    if real:
+        agent = agent_app.write_app(r.agent, tree / "agent")
+    else:
+        (tree / "agent").mkdir()
+        agent = tree / "agent" / "rigd_agent.py"
+        shutil.copyfile(r.standin_agent, agent)
+        log(f"tools: WARNING guest-agent/rigd_agent/ is missing; using the stand-in {r.standin_agent}")
     version = {
         "packages": [p.to_json() for p in pins],
         "agent": {
-            "source": "guest-agent/rigd_agent.py" if real else "stand-in",
+            "source": f"guest-agent/rigd_agent/ as {agent_app.APP}" if real else "stand-in",
             "sha256": hashlib.sha256(agent.read_bytes()).hexdigest(),
         },
     }
@@ -200,4 +201,4 @@ def build_tools(r: Recipes, cache_dir: Path, log: Log, epoch: int = 0) -> ToolsA
     d = cached_build(
         cache_dir / "tools", key, "tools disk", lambda out: _build(r, cache_dir, out, log, epoch), log
     )
-    return ToolsAsset(d / "tools.img", r.agent_source()[1])
+    return ToolsAsset(d / "tools.img", r.agent_is_real())

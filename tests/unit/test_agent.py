@@ -31,8 +31,7 @@ from rigd.protocols.guest import (
     Reply,
     Stream,
 )
-
-AGENT = Path(__file__).resolve().parents[2] / "guest-agent" / "rigd_agent.py"
+from tests.unit.guest_agent import AGENT
 
 
 class AgentHarness:

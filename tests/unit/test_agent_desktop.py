@@ -4,7 +4,7 @@ Three tiers, none of which boots a VM:
 
 - pure functions of the agent (scaling, the cursor mark, CVT modelines,
   ``xrandr`` parsing, the session file), imported straight from
-  ``guest-agent/rigd_agent.py``;
+  ``guest-agent/rigd_agent/x11.py``;
 - a terminal agent (no X session): protocol 1, and the desktop ops refused
   with "no display";
 - a desktop agent against a real X server: Xvfb with a cookie, the agent run
@@ -16,7 +16,6 @@ Three tiers, none of which boots a VM:
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import os
 import secrets
@@ -28,14 +27,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from PIL import Image
+from rigd_agent import x11
 
 from rigd.protocols.guest import Ready, Reply, Stream
-from tests.unit.test_agent import AGENT, AgentHarness
+from tests.unit.guest_agent import agent_dir
+from tests.unit.test_agent import AgentHarness
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 ALL_FEATURES = ["screen", "cursor", "display", "set_display", "clipboard_read", "clipboard_write", "session_env",
@@ -43,15 +43,7 @@ ALL_FEATURES = ["screen", "cursor", "display", "set_display", "clipboard_read", 
 TEXT = "héllo wörld 世界"
 
 
-def load_agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rigd_agent_under_test", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-agent_mod = load_agent()
+agent_mod = x11  # the desktop's pure functions
 
 
 # --------------------------------------------------------------------------
@@ -710,8 +702,9 @@ def test_agent_module_is_importable_without_pil_or_xlib() -> None:
     code = (
         "import sys, importlib.util\n"
         "sys.modules['PIL'] = None; sys.modules['Xlib'] = None\n"
-        f"spec = importlib.util.spec_from_file_location('a', {str(AGENT)!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"sys.path.insert(0, {str(agent_dir() / 'rigd_agent.pyz')!r})\n"
+        "import rigd_agent.agent, rigd_agent.main, rigd_agent.mux\n"
+        "from rigd_agent import base as m\n"
         "print(m.PROTO, m.PROTO_DESKTOP)\n"
     )
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)

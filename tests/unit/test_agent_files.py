@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rigd_agent import agent as agent_module
+from rigd_agent import channel, files, ops_files
 
 from rigd.protocols.guest import Ready, Stream
 from tests.unit.test_agent import AgentHarness
-from tests.unit.test_agent_desktop import load_agent
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 PART = 512 * 1024
 CHUNK = 256 * 1024
-agent_mod = load_agent()
 _loads = json.loads  # the test's own, whatever a test does to the agent's
 
 
@@ -139,7 +139,7 @@ def test_open_answers_the_resolved_directory_and_expands_home(agent: AgentHarnes
 def test_the_temp_file_is_private_until_committed(agent: AgentHarness, tmp_path: Path) -> None:
     handle = put(agent, tmp_path, "secret", b"s3cret", close=False)
     (temp,) = temps(tmp_path)
-    assert agent_mod._DROP_TEMP.match(temp)
+    assert files.DROP_TEMP.match(temp)
     st = os.stat(tmp_path / temp)
     assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
     ok(agent, "file_put_close", handle=handle, bytes=6, sha256=hashlib.sha256(b"s3cret").hexdigest())
@@ -314,7 +314,7 @@ def test_stale_temps_are_swept_on_open(agent: AgentHarness, tmp_path: Path) -> N
 def test_the_size_limit_of_a_drop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 256 MiB is too much to push through a unit test: the same code, in
     # process, with the limit at 1000 bytes.
-    monkeypatch.setattr(agent_mod, "DROP_FILE_MAX", 1000)
+    monkeypatch.setattr(ops_files, "DROP_FILE_MAX", 1000)
     agent, lines = in_process()
     agent.handle_line(request(1, "file_put_open", dir=str(tmp_path), name="big", owner=ME))
     handle = lines.pop()["handle"]
@@ -336,13 +336,13 @@ def in_process() -> tuple[Any, list[dict[str, Any]]]:
     """An Agent whose channel is a list of the lines it sent (quick ops only: they run inline)."""
     lines: list[dict[str, Any]] = []
 
-    class Lines(agent_mod.Channel):  # type: ignore[name-defined,misc]
+    class Lines(channel.Channel):
         def send_parts(self, parts: list[bytes]) -> bool:
             lines.append(_loads(b"".join(parts)))
             return True
 
     chan = Lines(-1)
-    return agent_mod.Agent(chan, may_set_clock=False, may_power_off=False), lines
+    return agent_module.Agent(chan, may_set_clock=False, may_power_off=False), lines
 
 
 # --------------------------------------------------------------------------
@@ -565,8 +565,8 @@ def test_the_hosts_spelling_of_put_data_skips_json(tmp_path: Path, monkeypatch: 
     agent.handle_line(request(1, "file_put_open", dir=str(tmp_path), name="f", owner=ME))
     handle = lines.pop()["handle"]
     parsed: list[bytes] = []
-    real_loads = agent_mod.json.loads
-    monkeypatch.setattr(agent_mod.json, "loads", lambda s, **kw: parsed.append(s) or real_loads(s, **kw))
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, **kw: parsed.append(s) or real_loads(s, **kw))
     proto = GuestProtocol()
     proto._next_id = 2
     _, line = proto.send_request("file_put_data", handle=handle, offset=0, data=b"x" * PART)

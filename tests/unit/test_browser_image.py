@@ -47,8 +47,7 @@ def r() -> Recipes:
 def copy_recipes(r: Recipes, tmp_path: Path) -> Recipes:
     """A checkout of just what the keys hash (images/ and the agent)."""
     shutil.copytree(r.images, tmp_path / "images")
-    (tmp_path / "guest-agent").mkdir()
-    shutil.copy(r.agent, tmp_path / "guest-agent" / r.agent.name)
+    shutil.copytree(r.agent, tmp_path / "guest-agent" / r.agent.name, ignore=shutil.ignore_patterns("__pycache__"))
     return Recipes(tmp_path)
 
 

@@ -4,17 +4,16 @@ the guest's frame handling and /proc/net parsing, the dev router's pieces."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import struct
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import trio
 import trio.testing
+from rigd_agent import mux as mux_module
 
 from rigd.errors import FieldError
 from rigd.ports.devhttp import DevDomains, host_name, response
@@ -29,17 +28,11 @@ from rigd.ports.mux import (
     parse_ports,
 )
 
-MUX = Path(__file__).resolve().parents[2] / "guest-agent" / "rigd_mux.py"
 HELLO, OPEN, OPENED, DATA, CREDIT, EOF, CLOSE, PORTS = range(1, 9)
 
 
 def guest_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rigd_mux_under_test", MUX)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return mux_module
 
 
 def frame(kind: int, sid: int = 0, payload: bytes = b"") -> bytes:

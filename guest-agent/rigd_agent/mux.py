@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """rigd in-guest port multiplexer (docs/ports.md).
 
 How this works
@@ -35,6 +34,8 @@ import struct
 import sys
 import time
 from typing import Any
+
+from rigd_agent.channel import find_port
 
 PORT_NAME = "rigd.ports"
 RESERVED_PORT = 7911
@@ -479,25 +480,6 @@ class Mux:
 # the port
 
 
-def find_port() -> str | None:
-    direct = f"/dev/virtio-ports/{PORT_NAME}"
-    if os.path.exists(direct):
-        return direct
-    base = "/sys/class/virtio-ports"
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return None
-    for vport in names:
-        try:
-            with open(f"{base}/{vport}/name") as f:
-                if f.read().strip() == PORT_NAME:
-                    return f"/dev/{vport}"
-        except OSError:
-            continue
-    return None
-
-
 def reserve() -> socket.socket | None:
     """Hold guest port 7911 (bound, not listening) so nothing else takes it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -548,7 +530,7 @@ def serve(path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    path = args[0] if args else find_port()
+    path = args[0] if args else find_port(PORT_NAME)
     if path is None:
         log(f"no virtio port named {PORT_NAME}")
         return 1
