@@ -36,7 +36,8 @@ import trio
 from _common import REAPER, BenchError, med, start_server, stop_server
 
 from rigd.images import find_assets
-from rigd.images.registry import BlobStore, RegistryClient, parse_reference
+from rigd.images.blobs import BlobStore
+from rigd.images.registry import RegistryClient, parse_reference
 from tests.integration.local_registry import SKOPEO, Entry, Layout, LocalRegistry, layer_tar
 
 TARGET = 0.8

@@ -36,6 +36,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from rigd.backends.base import Frame, MachineSpec
+from rigd.backends.browser_scripts import (
+    BIDI_PATH,
+    BROWSER_DROPS,
+    BROWSER_USER,
+    CHROMIUM_DROPS,
+    DEVTOOLS_PORT_NAME,
+    DEVTOOLS_SOCKET,
+    GUEST_DEVTOOLS_PORT,
+    LOG_FILE,
+    POLL_S,
+    RELAY_PORT,
+    WEBKIT_DISPLAY,
+    chromium_launch_script,
+    devtools_probe_script,
+    engine_watch_script,
+    firefox_launch_script,
+    relay_script,
+    webkit_launch_script,
+)
 from rigd.backends.confine import UidPool
 from rigd.backends.host import QemuBackend
 from rigd.backends.lanes import DropTarget
@@ -46,12 +65,12 @@ from rigd.backends.smolvm import CustomPack, check_contract, rig_argv
 from rigd.backends.warm import SnapshotService
 from rigd.browser.cdp import open_cdp
 from rigd.browser.chromium import BOOT_VIEWPORT, PageError, open_chromium
-from rigd.browser.firefox import open_firefox, user_js
+from rigd.browser.firefox import open_firefox
 from rigd.browser.live_input import PointerState
 from rigd.browser.page import CLIPBOARD_MAX_BYTES, TCG_TITLE_FACTOR, TITLE_TIMEOUT_S, PageDriver
 from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
 from rigd.browser.webdriver import WebDriverConnection
-from rigd.browser.webkit import MINIBROWSER, MINIBROWSER_GTK_CSS, open_webkit
+from rigd.browser.webkit import MINIBROWSER, open_webkit
 from rigd.errors import BackendError, FieldError, RigdError
 from rigd.frames import Changes, Lane, Still
 from rigd.images.browser import BrowserAssets, Engine
@@ -68,229 +87,12 @@ if TYPE_CHECKING:
     from rigd.protocols.input import Step
     from rigd.verbs import Action
 
-#: Where Chromium's DevTools listens inside the guest (loopback only).
-GUEST_DEVTOOLS_PORT = 9223
-#: The relay in front of it (guest loopback), which the rig's DevTools port reaches (RIGS.md §3).
-RELAY_PORT = 9222
-#: The virtio-serial port that is the one host-side path to guest 9222, and its socket in the
-#: rig's directory (QEMU listens; only rigd connects: the directory is the rig's, 0700).
-DEVTOOLS_PORT_NAME = "rigd.devtools"
-DEVTOOLS_SOCKET = "devtools.sock"
-RELAY_LOG = "/run/rigd-relay.log"
-RELAY_PID_FILE = "/run/rigd-relay.pid"
-#: The image's unprivileged user (images/browser/customize.sh).
-BROWSER_USER = "browser"
-#: The engine's pid and its stdout/stderr, in the guest's /run (tmpfs).
-PID_FILE = "/run/rigd-browser.pid"
-LOG_FILE = "/run/rigd-browser.log"
-#: How often readiness asks DevTools (each ask is one exec: ~0.1-0.3 s under TCG).
-POLL_S = 0.5
-#: Where dropped files land for engines without a drop event (issue 12; Chromium gets a
-#: real drop event later). In the guest: the rig's own /tmp, not the host's.
-BROWSER_DROPS = DropTarget(dir="/tmp/cc-drops", owner=BROWSER_USER, told="none")  # noqa: S108
-#: Chromium's: the same directory, and the page gets a real drop of the files (Input.dispatchDragEvent).
-CHROMIUM_DROPS = DropTarget(dir="/tmp/cc-drops", owner=BROWSER_USER, told="drop-event")  # noqa: S108
-
-START_PAGE = ('<!doctype html><html lang="en"><meta charset="utf-8"><title>rigd browser</title>'
-              '<body><h1>rigd browser rig</h1><p>This page is a local document inside the rig.</p>'
-              '</body></html>')
-
-CHROMIUM_FLAGS = (
-    "--headless=new",
-    "--remote-debugging-address=127.0.0.1",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-default-apps",
-    "--disable-breakpad",
-    "--password-store=basic",
-    "--window-size=1280,800",  # the browser's boot display (RIGS.md §7)
-)
-
-
-def loopback_relay_lines() -> list[str]:
-    """Launch-script lines that start the guest-loopback relay :data:`RELAY_PORT` → the
-    engine's :data:`GUEST_DEVTOOLS_PORT` beside the engine (it dials the engine only when a
-    client connects), so readiness asks DevTools through it and only the port relay is left
-    to start once the engine answers (:func:`relay_script`)."""
-    return [
-        f"setsid socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork "
-        f"TCP:127.0.0.1:{GUEST_DEVTOOLS_PORT} </dev/null >>{RELAY_LOG} 2>&1 &",
-        f"echo $! >{RELAY_PID_FILE}",
-    ]
-
-
-def chromium_launch_script(*, port: int = GUEST_DEVTOOLS_PORT, sandbox: bool = True) -> str:
-    """The shell script (run as root by the agent) that starts Chromium in the
-    background as :data:`BROWSER_USER` with a fresh profile, and prints the profile dir.
-
-    The engine gets a clean environment (its own HOME inside the profile) and
-    no capabilities; its output goes to :data:`LOG_FILE` (never to the exec's
-    pipes, so the exec returns as soon as the script does).
-    """
-    flags = [*CHROMIUM_FLAGS, f"--remote-debugging-port={port}"]
-    if not sandbox:
-        flags.append("--no-sandbox")
-    u = shlex.quote(BROWSER_USER)
-    return "\n".join([
-        "set -eu",
-        "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
-        f'chown {u}:{u} "$p"',
-        'chmod 0700 "$p"',
-        # The start page: a local document (RIGS.md §9: it needs no egress).
-        f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
-        f'chown {u}:{u} "$p/start.html"',
-        f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all \\",
-        '  env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 \\',
-        f'  /usr/bin/chromium {" ".join(flags)} --user-data-dir="$p" "file://$p/start.html" \\',
-        f"  </dev/null >{LOG_FILE} 2>&1 &",
-        f"echo $! >{PID_FILE}",
-        *loopback_relay_lines(),
-        'printf "%s\\n" "$p"',
-    ])
-
-
-#: Firefox's remote agent: WebDriver BiDi's WebSocket path.
-BIDI_PATH = "/session"
-
-
-def firefox_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
-    """The shell script (run as root by the agent) that starts Firefox ESR in the background
-    as :data:`BROWSER_USER` with a fresh profile (rigd's ``user.js``), its remote agent on
-    guest loopback ``port`` accepting only the guest-side authority as ``Host``, and prints
-    the profile's directory. As :func:`chromium_launch_script` otherwise."""
-    u = shlex.quote(BROWSER_USER)
-    return "\n".join([
-        "set -eu",
-        "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
-        'mkdir "$p/profile"',
-        f"printf '%s' {shlex.quote(user_js())} >\"$p/profile/user.js\"",
-        f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
-        f'chown -R {u}:{u} "$p"',
-        'chmod 0700 "$p"',
-        f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all \\",
-        '  env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 MOZ_CRASHREPORTER_DISABLE=1 \\',
-        f"  /usr/bin/firefox-esr --headless --no-remote --new-instance --remote-debugging-port={port} \\",
-        '  --remote-allow-hosts 127.0.0.1 --profile "$p/profile" "file://$p/start.html" \\',
-        f"  </dev/null >{LOG_FILE} 2>&1 &",
-        f"echo $! >{PID_FILE}",
-        *loopback_relay_lines(),
-        'printf "%s\\n" "$p"',
-    ])
-
-
-#: WebKit's X display in the guest (WebKitGTK has no headless mode): big enough for the largest
-#: viewport (2560x1600) and MiniBrowser's own frame; nothing listens on TCP.
-WEBKIT_DISPLAY = ":99"
-WEBKIT_SCREEN = "2600x1700x24"
-XVFB_LOG = "/run/rigd-xvfb.log"
-
-
-def webkit_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
-    """The shell script (run as root by the agent) that starts an X display (Xvfb, no TCP)
-    and ``WebKitWebDriver --host 127.0.0.1`` on guest loopback ``port`` on it, both as
-    :data:`BROWSER_USER` in a fresh home, and prints that directory. The driver starts
-    MiniBrowser when rigd opens its session. As :func:`chromium_launch_script` otherwise;
-    the engine's pid is the driver's (MiniBrowser is its child)."""
-    u = shlex.quote(BROWSER_USER)
-    as_user = (f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all "
-               'env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 XDG_RUNTIME_DIR="$p/run"')
-    n = WEBKIT_DISPLAY.lstrip(":")
-    return "\n".join([
-        "set -eu",
-        "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
-        'mkdir -m 0700 "$p/run"',
-        'mkdir -p "$p/.config/gtk-3.0"',
-        f"printf '%s' {shlex.quote(MINIBROWSER_GTK_CSS)} >\"$p/.config/gtk-3.0/gtk.css\"",
-        f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
-        f'chown -R {u}:{u} "$p"',
-        'chmod 0700 "$p"',
-        "mkdir -p -m 1777 /tmp/.X11-unix",
-        f"{as_user} /usr/bin/Xvfb {WEBKIT_DISPLAY} -screen 0 {WEBKIT_SCREEN} -nolisten tcp \\",
-        f"  </dev/null >{XVFB_LOG} 2>&1 &",
-        "x=$!",
-        # The display accepts clients once its socket is there (a condition, bounded).
-        "i=0",
-        f'until [ -S /tmp/.X11-unix/X{n} ]; do',
-        f'  kill -0 "$x" 2>/dev/null || {{ tail -c 1000 {XVFB_LOG} >&2; exit 3; }}',
-        '  i=$((i+1)); [ "$i" -lt 600 ] || { echo "the X display never started" >&2; exit 4; }',
-        "  sleep 0.05",
-        "done",
-        f"{as_user} DISPLAY={WEBKIT_DISPLAY} /usr/bin/WebKitWebDriver --host=127.0.0.1 --port={port} \\",
-        f"  </dev/null >{LOG_FILE} 2>&1 &",
-        f"echo $! >{PID_FILE}",
-        *loopback_relay_lines(),
-        'printf "%s\\n" "$p"',
-    ])
-
-
-def devtools_probe_script(port: int = RELAY_PORT, *, any_answer: bool = False) -> str:
-    """Exit 0 with DevTools' ``/json/version`` on stdout (``any_answer``: once the port answers
-    HTTP at all — Firefox's remote agent has no ``/json``); 1 when it does not answer
-    yet; 3 (with the engine's log tail on stderr) when the engine is gone; 4 (with the relay's
-    log) when the loopback relay the launch script started is gone. It asks through that
-    relay, so an answer proves both."""
-    ask = (f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{port}/" if any_answer
-           else f"curl -sf --max-time 3 http://127.0.0.1:{port}/json/version")
-    return "\n".join([
-        f"{ask} && exit 0",
-        f'pid=$(cat {PID_FILE} 2>/dev/null) || pid=""',
-        'if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then',
-        f"  tail -c 2000 {LOG_FILE} >&2; exit 3",
-        "fi",
-        f'relay=$(cat {RELAY_PID_FILE} 2>/dev/null) || relay=""',
-        'if [ -z "$relay" ] || ! kill -0 "$relay" 2>/dev/null; then',
-        f"  tail -c 1000 {RELAY_LOG} >&2; exit 4",
-        "fi",
-        "exit 1",
-    ])
-
-
 def _navigate(url: str) -> Action:
     parsed = parse_action("browser_use", {"action": "navigate", "url": url})
     if isinstance(parsed, RigdError):
         raise parsed
     return parsed
 
-
-def relay_script(port_name: str = DEVTOOLS_PORT_NAME) -> str:
-    """The shell script (run as root by the agent) that starts the port relay: the
-    virtio-serial port ``port_name`` (the one host-side path in) → guest loopback
-    :data:`RELAY_PORT`, where the launch script's relay (:func:`loopback_relay_lines`)
-    reaches the engine's :data:`GUEST_DEVTOOLS_PORT`. Run once DevTools answers through
-    that relay (:func:`devtools_probe_script`).
-
-    Returns once the port relay holds the port open.
-    """
-    return "\n".join([
-        "set -eu",
-        'dev=""',
-        "for d in /sys/class/virtio-ports/*; do",
-        f'  if [ "$(cat "$d/name" 2>/dev/null)" = {shlex.quote(port_name)} ]; then dev="/dev/${{d##*/}}"; fi',
-        "done",
-        f'[ -n "$dev" ] || {{ echo "no virtio port named {port_name}" >&2; exit 2; }}',
-        f'setsid socat GOPEN:"$dev" TCP:127.0.0.1:{RELAY_PORT} </dev/null >>{RELAY_LOG} 2>&1 &',
-        "pid=$!",
-        "i=0",
-        # Return once the port relay holds the device (the host's bytes reach it from then on).
-        'until ls -l "/proc/$pid/fd" 2>/dev/null | grep -q -- "-> $dev$"; do',
-        '  kill -0 "$pid" 2>/dev/null || { echo "the port relay exited" >&2; exit 4; }',
-        '  i=$((i+1)); [ "$i" -lt 100 ] || { echo "the port relay never opened $dev" >&2; exit 5; }',
-        "  sleep 0.05",
-        "done",
-    ])
-
-
-def engine_watch_script() -> str:
-    """Return only when the engine's process is gone, with its log's tail on stderr."""
-    return "\n".join([
-        f'pid=$(cat {PID_FILE} 2>/dev/null) || pid=""',
-        '[ -n "$pid" ] && tail --pid="$pid" -f /dev/null',
-        f"tail -c 1500 {LOG_FILE} >&2",
-    ])
 
 
 #: How long a written clipboard may take to read back (xclip's child takes the selection).

@@ -42,6 +42,11 @@ Phases while a rig comes up: ``creating disk overlay``, ``booting kernel``,
 ``waiting for the guest agent``, ``waiting for the desktop`` (until the X
 server answers the agent, a window manager has claimed the screen and the
 screen is drawn — so a snapshot, and a model's first still, show a desktop).
+
+Why one module of this size: :class:`DesktopDriver` is one surface's driver — the
+agent lane, the display, stills, the live view, the clipboard and drops of one X session,
+sharing one connection and one display state; its pure helpers (stills cropped, measured,
+answered) stay beside the verbs that use them.
 """
 
 from __future__ import annotations

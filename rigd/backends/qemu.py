@@ -15,6 +15,10 @@ shielded scope — and writes its evidence (console, QMP transcript, stderr)
 when the operator asked for it. An error from the caller's body leaves
 unwrapped; an error from one of the machine's own tasks leaves as the
 nursery's group, for the rig's failure boundary to read.
+
+Why one module of this size: :class:`QemuMachine` owns one QEMU process and every
+channel into it (QMP, the agent, the console, the lanes); its start, watch and teardown
+share state that must not be split across modules.
 """
 
 from __future__ import annotations

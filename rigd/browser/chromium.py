@@ -29,7 +29,6 @@ import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -37,13 +36,23 @@ import trio
 
 import rigd.verbs.browser as bv
 from rigd.browser.cdp import CDPConnection, CDPSession, Subscription
+from rigd.browser.cdp_replies import (
+    History,
+    console_line,
+    document_status,
+    parse_ax_tree,
+    parse_history,
+    parse_layout,
+    parse_navigate,
+    parse_value,
+    quad_centre,
+    render_ax,
+)
 from rigd.browser.dom_keys import plan_press
 from rigd.browser.driver import Outline, PageVerbs, Planned, Still, check_viewport
 from rigd.browser.live_input import PointerState, plan_cdp
 from rigd.browser.page import (
-    AX_MAX_NODES,
     BOOT_VIEWPORT,
-    CONSOLE_ENTRY_MAX_CHARS,
     CONSOLE_KEEP,
     DRAG_STEPS,
     FULL_PAGE_MAX_HEIGHT,
@@ -67,7 +76,7 @@ from rigd.browser.profiles import ProfileState, parse_state
 from rigd.errors import FieldError
 from rigd.model import AGENT_STILL_MAX, Display
 from rigd.nurseries import beside
-from rigd.protocols.cdp import CDPCommandFailed, CDPError, CDPProtocolError, Event, Fields
+from rigd.protocols.cdp import CDPCommandFailed, CDPError, Event, Fields
 from rigd.protocols.devtools import parse_cast_frame
 from rigd.protocols.input import Step
 from rigd.verbs.base import HistoryDirection
@@ -76,205 +85,6 @@ from rigd.verbs.keys import KeyCombo
 log = logging.getLogger("rigd.browser.chromium")
 T = TypeVar("T")
 
-
-# -- typed replies -------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class HistoryEntry:
-    id: int
-    url: str
-    title: str
-
-
-@dataclass(frozen=True, slots=True)
-class History:
-    current: int
-    entries: tuple[HistoryEntry, ...]
-
-    @property
-    def entry(self) -> HistoryEntry:
-        return self.entries[self.current]
-
-
-def parse_history(f: Fields) -> History:
-    entries = tuple(
-        HistoryEntry(e.integer("id", 0, 2**31), e.string("url", 1 << 20),
-                     e.string("title", 1 << 20, default=""))
-        for e in f.objs("entries", 10_000)
-    )
-    current = f.integer("currentIndex", 0, max(0, len(entries) - 1))
-    if not entries:
-        raise CDPProtocolError("Page.getNavigationHistory: entries is empty")
-    return History(current, entries)
-
-
-@dataclass(frozen=True, slots=True)
-class Navigation:
-    frame_id: str
-    loader_id: str | None
-    error_text: str | None
-
-
-def parse_navigate(f: Fields) -> Navigation:
-    return Navigation(
-        f.string("frameId", 128),
-        f.string("loaderId", 128) if f.has("loaderId") else None,
-        f.string("errorText", 300) if f.has("errorText") else None,
-    )
-
-
-def parse_value(f: Fields) -> Any:
-    """The value of a ``Runtime.evaluate`` with ``returnByValue``; a thrown exception is an error."""
-    if f.has("exceptionDetails"):
-        details = f.obj("exceptionDetails")
-        text = details.string("text", 100_000, default="exception")[:300]
-        exc = details.opt_obj("exception")
-        if exc is not None and exc.has("description"):
-            text = exc.string("description", 100_000)[:300]
-        raise _PageScriptError(text)
-    return f.obj("result").raw("value")
-
-
-class _PageScriptError(CDPError):
-    """A script rigd ran in the page threw (the page may have replaced built-ins)."""
-
-
-def _quad_centre(f: Fields) -> tuple[float, float] | None:
-    for i, quad in enumerate(f.items("quads", 1000)):
-        q = Fields({"q": quad}, f"DOM.getContentQuads.quads[{i}]").numbers("q", 8)
-        xs, ys = q[0::2], q[1::2]
-        area = abs(sum(xs[k] * ys[(k + 1) % 4] - xs[(k + 1) % 4] * ys[k] for k in range(4))) / 2
-        if area > 0.5:
-            return sum(xs) / 4, sum(ys) / 4
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class LayoutMetrics:
-    content_w: float
-    content_h: float
-    page_x: float
-    page_y: float
-    client_w: float
-    client_h: float
-
-
-def parse_layout(f: Fields) -> LayoutMetrics:
-    content = f.obj("cssContentSize")
-    visual = f.obj("cssVisualViewport")
-    return LayoutMetrics(content.number("width", 0, 1e7), content.number("height", 0, 1e7),
-                         visual.number("pageX", -1e7, 1e7), visual.number("pageY", -1e7, 1e7),
-                         visual.number("clientWidth", 0, 1e5), visual.number("clientHeight", 0, 1e5))
-
-
-# -- the accessibility tree ----------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class AXNode:
-    id: str
-    parent: str | None
-    ignored: bool
-    role: str
-    name: str
-    value: str
-    children: tuple[str, ...]
-
-
-def _ax_text(f: Fields, name: str) -> str:
-    obj = f.opt_obj(name)
-    if obj is None:
-        return ""
-    value = obj.raw("value")
-    if isinstance(value, str):
-        return value[:CONSOLE_ENTRY_MAX_CHARS]
-    if isinstance(value, bool | int | float):
-        return str(value)
-    return ""
-
-
-def parse_ax_tree(f: Fields) -> list[AXNode]:
-    out = []
-    for n in f.objs("nodes", AX_MAX_NODES):
-        listed = n.items("childIds", 100_000) if n.has("childIds") else []
-        kids = tuple(k for k in listed if isinstance(k, str) and len(k) <= 64)
-        out.append(AXNode(
-            n.string("nodeId", 64), n.string("parentId", 64) if n.has("parentId") else None,
-            n.boolean("ignored", False), _ax_text(n, "role"), _ax_text(n, "name"), _ax_text(n, "value"),
-            kids,
-        ))
-    return out
-
-
-_AX_SKIP_ROLES = frozenset({"InlineTextBox", "LineBreak"})
-_AX_QUIET_ROLES = frozenset({"generic", "none", "presentation", ""})
-
-
-def render_ax(nodes: list[AXNode]) -> str:
-    """One line per meaningful node, indented by depth: ``role "name" = value``.
-
-    Ignored nodes and unnamed generic containers are not printed; their
-    children are, one level up. Iterative, and each node is visited once, so a
-    hostile tree (deep, cyclic, shared children) costs at most its size.
-    """
-    by_id = {n.id: n for n in nodes}
-    roots = [n for n in nodes if n.parent is None or n.parent not in by_id]
-    lines: list[str] = []
-    seen: set[str] = set()
-    stack: list[tuple[AXNode, int]] = [(n, 0) for n in reversed(roots)]
-    while stack:
-        node, depth = stack.pop()
-        if node.id in seen or node.role in _AX_SKIP_ROLES:
-            continue
-        seen.add(node.id)
-        shown = not node.ignored and not (node.role in _AX_QUIET_ROLES and not node.name)
-        if shown:
-            line = "  " * min(depth, 64) + node.role
-            if node.name:
-                line += " " + json.dumps(node.name, ensure_ascii=False)
-            if node.value:
-                line += " = " + json.dumps(node.value, ensure_ascii=False)
-            lines.append(line)
-        child_depth = depth + 1 if shown else depth
-        stack.extend((by_id[c], child_depth) for c in reversed(node.children) if c in by_id)
-    return "\n".join(lines)
-
-
-# -- console -------------------------------------------------------------------------------------
-
-def _remote_text(obj: Any) -> str:
-    if not isinstance(obj, dict):
-        return "?"
-    if "value" in obj:
-        value = obj["value"]
-        return value if isinstance(value, str) else json.dumps(value)[:CONSOLE_ENTRY_MAX_CHARS]
-    for key in ("unserializableValue", "description", "type"):
-        if isinstance(obj.get(key), str):
-            return str(obj[key])
-    return "?"
-
-
-def console_line(event: Event) -> str:
-    """One console entry as text, bounded: ``[log] a b`` or ``[exception] …``."""
-    p = event.params
-    if event.method == "Runtime.consoleAPICalled":
-        kind = p.get("type")
-        args = p.get("args")
-        text = " ".join(_remote_text(arg) for arg in (args[:32] if isinstance(args, list) else []))
-        line = f"[{kind[:20] if isinstance(kind, str) else 'log'}] {text}"
-    elif event.method == "Runtime.exceptionThrown":
-        details = p.get("exceptionDetails")
-        details = details if isinstance(details, dict) else {}
-        exc = details.get("exception")
-        desc = exc.get("description") if isinstance(exc, dict) else None
-        line = f"[exception] {desc if isinstance(desc, str) else str(details.get('text', ''))}"
-    else:  # a dialog the driver answered
-        line = f"[dialog] {p.get('type', '')}: {p.get('message', '')}"
-    if len(line) > CONSOLE_ENTRY_MAX_CHARS:
-        line = line[:CONSOLE_ENTRY_MAX_CHARS] + f" [... {len(line) - CONSOLE_ENTRY_MAX_CHARS} characters cut]"
-    return line
-
-
-# -- scripts run in the page ---------------------------------------------------------------------
 
 # -- the driver ----------------------------------------------------------------------------------
 
@@ -465,7 +275,7 @@ class ChromiumDriver(PageVerbs):
                 raise PageError(f"navigate: {host} did not load: {nav.error_text}{hint}")
             loaded = True if nav.loader_id is None else await self._wait_load(
                 life, nav.loader_id, self.load_timeout_s)
-            status = _document_status(responses.drain(), nav.loader_id)
+            status = document_status(responses.drain(), nav.loader_id)
         return await self._navigated(loaded, status, nav.loader_id is None)
 
     async def _do_reload(self, a: bv.BrowserReload) -> dict[str, Any]:
@@ -537,7 +347,7 @@ class ChromiumDriver(PageVerbs):
         with contextlib.suppress(CDPCommandFailed):  # an element without layout has no box: below
             await self.page.send("DOM.scrollIntoViewIfNeeded", {"nodeId": node})
         try:
-            centre = await self.page.call("DOM.getContentQuads", {"nodeId": node}, _quad_centre)
+            centre = await self.page.call("DOM.getContentQuads", {"nodeId": node}, quad_centre)
         except CDPCommandFailed:
             centre = None
         if centre is None:
@@ -842,17 +652,6 @@ class ChromiumDriver(PageVerbs):
     async def _with_gesture(self, verb: str, function: str, *args: Any) -> Any:
         call = f"({function})({', '.join(json.dumps(a) for a in args)})"
         return await self._eval(call, await_promise=True, gesture=True)
-
-
-def _document_status(events: list[Event], loader_id: str | None) -> int | None:
-    for event in events:
-        p = event.params
-        response = p.get("response")
-        if p.get("loaderId") == loader_id and p.get("type") == "Document" and isinstance(response, dict):
-            status = response.get("status")
-            if isinstance(status, int | float) and not isinstance(status, bool) and 0 <= status < 1000:
-                return int(status)
-    return None
 
 
 def _image_bytes(f: Fields) -> bytes:

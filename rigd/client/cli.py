@@ -3,6 +3,11 @@
 Clients find the server and a token from ``--url``/``--token``, then
 ``RIGD_URL``/``RIGD_TOKEN``, then ``<dataDir>/server.json`` and
 ``<dataDir>/admin.token`` (API.md).
+
+Why one module of this size: the whole command line is one ``argparse`` table
+(:func:`parser`, ~180 lines of declarations) beside the small commands it dispatches to;
+the clients with real logic live in their own modules (:mod:`rigd.client.lanes`,
+:mod:`rigd.client.terminal`, :mod:`rigd.client.agent`).
 """
 
 from __future__ import annotations

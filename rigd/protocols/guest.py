@@ -40,6 +40,11 @@ and then ``data`` events under the host's credit, ``file_ack``,
 ``file_read_cancel``). A ``file_read`` stream that breaks its rules (data
 before meta, a second meta, a gap, more bytes than meta announced) fails the
 request at once, like a malformed reply.
+
+Why one module of this size: it is one protocol's sans-I/O parser, and every event and
+reply shape the guest may send is checked here, in one place, before any other code sees
+it (the guest is hostile); splitting the validators from the shapes they check would
+scatter that edge.
 """
 
 from __future__ import annotations

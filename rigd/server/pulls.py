@@ -26,7 +26,8 @@ from typing import Any
 import trio
 
 from rigd.errors import Conflict, RigdError
-from rigd.images.registry import BlobStore, Progress, Pulled, Reference, RegistryClient
+from rigd.images.blobs import BlobStore
+from rigd.images.registry import Progress, Pulled, Reference, RegistryClient
 from rigd.rigs.events import IMAGE_PULL_ENDED, IMAGE_PULL_PROGRESS, EventBus
 from rigd.server.imports import RATE_WINDOW_S, JobState, JobTable, rate_and_eta
 from rigd.store.util import iso, new_id

@@ -24,9 +24,9 @@ import trustme
 
 from rigd.errors import RigdError
 from rigd.images import oci
+from rigd.images.blobs import BlobStore
 from rigd.images.pack import unpack_layers
 from rigd.images.registry import (
-    BlobStore,
     Credentials,
     Progress,
     RegistryClient,

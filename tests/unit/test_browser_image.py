@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rigd.backends.browser import (
-    IMAGE_ENGINE,
+from rigd.backends.browser import IMAGE_ENGINE
+from rigd.backends.browser_scripts import (
     chromium_launch_script,
     devtools_probe_script,
     engine_watch_script,

@@ -8,18 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rigd.browser.chromium import (
+from rigd.browser.cdp_replies import (
     AXNode,
-    _document_status,
     console_line,
+    document_status,
     parse_ax_tree,
     parse_history,
     parse_navigate,
     parse_value,
     render_ax,
-    selector_engine,
 )
 from rigd.browser.dom_keys import plan_press
+from rigd.browser.page import selector_engine
 from rigd.errors import FieldError
 from rigd.protocols.cdp import CDPError, CDPProtocolError, Event, read
 from rigd.verbs.keys import parse_dom_combo
@@ -167,5 +167,5 @@ def test_document_status_matches_the_loader() -> None:
                                                       "response": {"status": 500}}),
               Event("Network.responseReceived", "S", {"loaderId": "L", "type": "Document",
                                                       "response": {"status": 404}})]
-    assert _document_status(events, "L") == 404
-    assert _document_status(events, "M") is None
+    assert document_status(events, "L") == 404
+    assert document_status(events, "M") is None

@@ -9,7 +9,8 @@ import pytest
 import trio
 
 from rigd.errors import Conflict, NotFound
-from rigd.images.registry import BlobStore, Progress, Pulled, Reference, RegistryError, parse_reference
+from rigd.images.blobs import BlobStore
+from rigd.images.registry import Progress, Pulled, Reference, RegistryError, parse_reference
 from rigd.rigs.events import EventBus
 from rigd.server.pulls import MAX_RUNNING, PullJobs
 from rigd.store.aio import Stores

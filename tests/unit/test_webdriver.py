@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from rigd.backends.browser import webkit_launch_script
+from rigd.backends.browser_scripts import webkit_launch_script
 from rigd.browser.webdriver import WebDriverCommandFailed, WebDriverConnection
 from rigd.browser.webkit import (
     _call,
