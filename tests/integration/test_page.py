@@ -140,7 +140,9 @@ def test_sign_in_refuses_wrong_and_agent_tokens_and_sets_no_cookie(site: Site) -
     facts = page.locator("#server-facts").inner_text()
     assert "tcg" in facts and "Network" in facts and "MB" in facts
     assert "not a security boundary" in facts
-    # A browser rig is opened with its engine: one choice per engine the server starts.
+    # A browser rig is opened with its engine: one choice per engine the server starts. The
+    # choices come from the server's info after sign-in: wait until they are there.
+    page.locator("#open-surface option[value='terminal']").wait_for(state="attached")
     choices = page.locator("#open-surface option").evaluate_all("os => os.map(o => [o.value, o.textContent])")
     assert ["browser:firefox", "browser (firefox)"] in choices and ["terminal", "terminal"] in choices, choices
     # A forged cross-origin POST with the person's cookie is refused, naming Origin.
