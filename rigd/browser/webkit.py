@@ -639,7 +639,8 @@ def _cookie_for(cookie: dict[str, Any], url: str) -> bool:
 async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIEWPORT,
                       start_url: str | None = None, binary: str = MINIBROWSER,
                       insecure_certs: bool = False,
-                      clipboard: XClipboard | None = None) -> AsyncIterator[WebKitDriver]:
+                      clipboard: XClipboard | None = None,
+                      session_timeout_s: float = SESSION_NEW_TIMEOUT_S) -> AsyncIterator[WebKitDriver]:
     """A WebDriver session (the browser's window) and its driver, with its watch running
     (``insecure_certs``: accept any certificate — the host tests' own CA, never a rig;
     ``clipboard``: the display's X clipboard, for the clipboard verbs)."""
@@ -648,7 +649,7 @@ async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIE
         "unhandledPromptBehavior": PROMPTS,
         "webkitgtk:browserOptions": {"binary": binary, "args": ["--automation"]},
     }}
-    got = await conn.command("POST", "/session", {"capabilities": caps}, timeout=SESSION_NEW_TIMEOUT_S)
+    got = await conn.command("POST", "/session", {"capabilities": caps}, timeout=session_timeout_s)
     if not (isinstance(got, dict) and isinstance(got.get("sessionId"), str)
             and 0 < len(got["sessionId"]) <= 128 and got["sessionId"].replace("-", "").isalnum()):
         raise CDPProtocolError("POST session: the answer names no session")
