@@ -83,9 +83,6 @@ class W3CActionsDriver(PageVerbs):
     async def _script(self, function: str, *args: Any, timeout: float | None = None) -> Any:
         raise NotImplementedError
 
-    async def _page_url(self) -> str:
-        raise NotImplementedError
-
     def _key_actions(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The key actions as this engine takes them (as given, unless it says otherwise)."""
         return actions
