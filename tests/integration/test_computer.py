@@ -548,9 +548,12 @@ def test_a_drop_lands_in_drops_with_its_uris_on_the_clipboard(desk: tuple[Server
 
     srv, rig = desk
     sh(srv, rig, "mkdir -p /home/rig/Drops && printf old > /home/rig/Drops/notes.txt")
+    # 24 MB spans many of the lane's chunks; the 200 MB transit (up, checked in the guest, and
+    # back out) is test_lanes' (a terminal rig: the same agent file ops, without TCG's X session
+    # beside the guest's sha256sum).
     big = tmp_path / "big.bin"
     with big.open("wb") as fh:
-        for _ in range(200):
+        for _ in range(24):
             fh.write(os.urandom(1 << 20))
     resume = tmp_path / "résumé 2.pdf"
     resume.write_bytes(b"%PDF-1.4 " + os.urandom(4096))
