@@ -59,7 +59,7 @@ from _common import (
 )
 
 from rigd.backends.guest_client import GuestConnection
-from rigd.backends.microvm_argv import microvm_argv
+from rigd.backends.microvm_argv import default_tcg_threads, microvm_argv
 from rigd.backends.procs import proc_alive, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.snapshot import ENV_SWITCH, META_FILE, load_memory
@@ -220,6 +220,7 @@ async def raw_vm(args: argparse.Namespace, assets: TerminalAssets, rootfs: Path,
             raise BenchError(f"qemu-img create failed: {tail(res.stderr, 1500)}")
         argv = microvm_argv(
             qemu=args.qemu, accel=args.accel, memory_mb=args.memory_mb, vcpus=args.vcpus,
+            tcg_threads=default_tcg_threads(),
             kernel=assets.kernel, initrd=assets.initrd, root_disk=overlay, tools_disk=assets.tools,
             qmp_socket=vm_dir / "qmp.sock", agent_socket=vm_dir / "agent.sock",
             console_socket=vm_dir / "console.sock", incoming="defer" if snapshot else None,

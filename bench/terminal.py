@@ -81,7 +81,7 @@ from _common import (
 )
 
 from rigd.backends.guest_client import GuestConnection
-from rigd.backends.microvm_argv import esc, microvm_argv
+from rigd.backends.microvm_argv import default_tcg_threads, esc, microvm_argv
 from rigd.backends.procs import proc_alive
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.snapshot import DISK_FILE, ENV_SWITCH, MEMORY_FILE, META_FILE, load_memory
@@ -275,6 +275,7 @@ async def raw_vm(
         else:
             argv = microvm_argv(
                 qemu=a.qemu, accel=a.accel, memory_mb=a.memory_mb, vcpus=a.vcpus,
+                tcg_threads=default_tcg_threads(),
                 kernel=ctx.assets.kernel, initrd=ctx.assets.initrd, root_disk=overlay,
                 tools_disk=ctx.assets.tools, qmp_socket=vm_dir / "qmp.sock",
                 agent_socket=vm_dir / "agent.sock", console_socket=vm_dir / "console.sock",

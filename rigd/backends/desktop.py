@@ -162,6 +162,7 @@ class DesktopRecipe:
             tools_disk=(tools or self.tools) if self.tools is not None else None,
             width=width, height=height, incoming="defer" if incoming else None,
             mac=mac if "netdev" in net else None, netdev=net.get("netdev"),
+            tcg_threads=self.config.tcg_threads,
             **({"sandbox_opts": net["sandbox_opts"]} if "sandbox_opts" in net else {}),
         )
 

@@ -92,6 +92,7 @@ def desktop_argv(
     mac: str | None = None,
     netdev: str | None = None,
     sandbox_opts: str = SANDBOX,
+    tcg_threads: str | None = None,
 ) -> list[str]:
     """Return the argv (``argv[0] == qemu``) that boots one computer rig.
 
@@ -106,7 +107,8 @@ def desktop_argv(
     from a snapshot). ``netdev`` (a ``-netdev`` value with ``id=net0``: the
     egress gateway's tap by fd, or restricted user networking) adds a
     virtio-net NIC with the rig's ``mac``; ``sandbox_opts`` is the
-    ``-sandbox`` value (user networking needs spawn).
+    ``-sandbox`` value (user networking needs spawn); ``tcg_threads`` as for
+    :func:`rigd.backends.microvm_argv.microvm_argv`.
     """
     check_machine(accel=accel, memory_mb=memory_mb, vcpus=vcpus, min_memory_mb=256, mac=mac)
     if not 640 <= width <= MAX_WIDTH:
@@ -124,7 +126,7 @@ def desktop_argv(
 
     argv = [
         *machine_head(qemu=qemu, machine="q35,smbus=off,sata=off,usb=off,i8042=off,vmport=off",
-                      accel=accel, memory_mb=memory_mb, vcpus=vcpus),
+                      accel=accel, memory_mb=memory_mb, vcpus=vcpus, tcg_threads=tcg_threads),
         "-rtc",
         "base=utc",
         "-kernel",

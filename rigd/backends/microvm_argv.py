@@ -38,6 +38,7 @@ docs/images.md):
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,11 +99,40 @@ def check_machine(*, accel: str, memory_mb: int, vcpus: int, min_memory_mb: int,
         raise RigdError(f"mac {mac!r} is a multicast address", field="mac")
 
 
-def machine_head(*, qemu: str, machine: str, accel: str, memory_mb: int, vcpus: int) -> list[str]:
+#: TCG's vCPU threading (``-accel tcg,thread=…``): one host thread per vCPU ("multi", QEMU's
+#: default where the host allows it) or one host thread taking every vCPU of the machine in
+#: turn ("single").
+TCG_THREADS = ("single", "multi")
+
+
+def default_tcg_threads(cores: int | None = None) -> str:
+    """"single" on a host of fewer than four cores, else "multi" (``rigd serve --tcg-threads``).
+
+    Measured on a 2-core host (docs/decisions.md): two desktops booting at once to XFCE took
+    77 s and 76 CPU-seconds each with a thread per vCPU, 56 s and 55 CPU-seconds with one
+    thread each — a machine's vCPU threads wait on each other whenever the other machine holds
+    a core. A lone desktop is faster multi-threaded (34 s against 55 s), which a host with
+    cores to spare gets."""
+    n = cores if cores is not None else (os.cpu_count() or 1)
+    return "single" if n < 4 else "multi"
+
+
+def accel_arg(accel: str, tcg_threads: str | None) -> str:
+    """``-accel``'s value: the accelerator, and under TCG its threading when one is named."""
+    if tcg_threads is None or accel != "tcg":
+        return accel
+    if tcg_threads not in TCG_THREADS:
+        raise RigdError(f"tcg_threads {tcg_threads!r} is not one of {', '.join(TCG_THREADS)}",
+                        field="tcg_threads")
+    return f"tcg,thread={tcg_threads}"
+
+
+def machine_head(*, qemu: str, machine: str, accel: str, memory_mb: int, vcpus: int,
+                 tcg_threads: str | None = None) -> list[str]:
     """The start every rig machine's argv shares: the machine, CPU, memory,
     and nothing QEMU would add by default (no devices, no display, no reboot)."""
     return [
-        qemu, "-name", "rig,debug-threads=on", "-M", machine, "-accel", accel,
+        qemu, "-name", "rig,debug-threads=on", "-M", machine, "-accel", accel_arg(accel, tcg_threads),
         "-cpu", "max" if accel == "tcg" else "host", "-m", str(memory_mb), "-smp", str(vcpus),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
     ]
@@ -180,6 +210,7 @@ def microvm_argv(
     netdev: str | None = None,
     sandbox_opts: str = SANDBOX,
     extra_ports: Sequence[tuple[str, Path]] = (),
+    tcg_threads: str | None = None,
 ) -> list[str]:
     """Return the argv (``argv[0] == qemu``) that boots one terminal rig.
 
@@ -194,6 +225,7 @@ def microvm_argv(
     ``extra_ports`` are more virtio-serial ports after the agent's, each a
     ``(name, socket)`` QEMU listens on (a browser's DevTools relay); without
     them the command line is exactly a terminal's (its warm-start key with it).
+    ``tcg_threads`` (:data:`TCG_THREADS`) sets TCG's threading; None leaves QEMU's default.
     """
     if machine not in _MACHINES:
         raise RigdError(f"machine {machine!r} is not one of {', '.join(_MACHINES)}", field="machine")
@@ -214,7 +246,8 @@ def microvm_argv(
         bus = "pci"
 
     argv = [
-        *machine_head(qemu=qemu, machine=mach, accel=accel, memory_mb=memory_mb, vcpus=vcpus),
+        *machine_head(qemu=qemu, machine=mach, accel=accel, memory_mb=memory_mb, vcpus=vcpus,
+                      tcg_threads=tcg_threads),
         "-kernel",
         str(kernel),
         "-initrd",

@@ -49,7 +49,7 @@ from rigd.backends.evidence import evidence_dir, write_evidence
 from rigd.backends.gates import USER_SANDBOX, NetGate, NetworkConfig
 from rigd.backends.guest_client import GuestConnection, iterate
 from rigd.backends.lanes import DropReceiver, GuestLanes
-from rigd.backends.microvm_argv import PORTS_SOCKET, SANDBOX
+from rigd.backends.microvm_argv import PORTS_SOCKET, SANDBOX, default_tcg_threads
 from rigd.backends.procs import proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.recipe import BootRecipe, Driver, RigPaths
@@ -103,6 +103,8 @@ class QemuConfig:
     warm_starts: bool = dataclasses.field(default_factory=warm_starts_enabled)
     #: Give every rig a NIC behind its own egress gateway (None: no network at all).
     network: NetworkConfig | None = None
+    #: TCG's vCPU threading ("single" | "multi"; ``rigd serve --tcg-threads``), for TCG rigs.
+    tcg_threads: str = dataclasses.field(default_factory=default_tcg_threads)
 
 
 @asynccontextmanager

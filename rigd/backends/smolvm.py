@@ -83,7 +83,8 @@ def rig_argv(
         kernel=kernel or assets.kernel, initrd=initrd or assets.initrd, root_disk=overlay,
         tools_disk=tools or assets.tools, qmp_socket=at.qmp, agent_socket=at.agent,
         console_socket=at.console,
-        mac=mac, incoming="defer" if incoming else None, extra_ports=extra_ports, **net,
+        mac=mac, incoming="defer" if incoming else None, extra_ports=extra_ports,
+        tcg_threads=config.tcg_threads, **net,
     )
 
 

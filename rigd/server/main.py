@@ -38,6 +38,7 @@ from rigd.backends.desktop import desktop_backend
 from rigd.backends.gates import NetworkConfig
 from rigd.backends.host import QemuBackend
 from rigd.backends.layout import Layout
+from rigd.backends.microvm_argv import default_tcg_threads
 from rigd.backends.qemu import QemuConfig
 from rigd.backends.smolvm import prepare_terminals, terminal_backend
 from rigd.backends.warm import SnapshotService
@@ -88,6 +89,9 @@ class ServeConfig:
     memory_budget_mb: int = 12 * 1024
     reap_interval_s: float = 1.0
     warm_starts: bool = True
+    #: TCG's vCPU threading: "single" | "multi", or None for the host's default
+    #: (:func:`rigd.backends.microvm_argv.default_tcg_threads`).
+    tcg_threads: str | None = None
     #: "auto": a gateway namespace per rig when the server may manage network namespaces (root with
     #: CAP_NET_ADMIN and CAP_SYS_ADMIN, ``ip`` and ``nft`` present), else QEMU user networking
     #: (``restrict=on``) relayed to the same proxy; "gateway"/"user" force one; "none": no network.
@@ -488,7 +492,10 @@ async def _serve(
     make_pack = functools.partial(readable_pack, assets, data_dir)
     network, broker = await _network(config, data_dir)
     qemu_config = QemuConfig(data_dir=data_dir, accel=accel or Accel.TCG, qemu=config.qemu,
-                             warm_starts=config.warm_starts, network=network)
+                             warm_starts=config.warm_starts, network=network,
+                             tcg_threads=config.tcg_threads or default_tcg_threads())
+    if qemu_config.accel is Accel.TCG:
+        log.info("TCG rigs run %s-threaded", qemu_config.tcg_threads, extra={"cores": os.cpu_count()})
     # One layout, one uid pool (no two rigs of any surface share a uid), one snapshot service.
     layout = Layout(data_dir)
     uids = UidPool()

@@ -41,6 +41,7 @@ import pytest
 
 from rigd.backends import evidence as rig_evidence
 from rigd.backends.desktop_argv import desktop_argv
+from rigd.backends.microvm_argv import default_tcg_threads
 from rigd.client.cli import Client, ClientError
 from rigd.images import find_assets
 from rigd.images.desktop import DesktopImage
@@ -315,7 +316,8 @@ def raw_desktop_argv(image: DesktopImage, run_dir: Path) -> list[str]:
         check=True,
     )
     return desktop_argv(
-        qemu="qemu-system-x86_64", accel="tcg", memory_mb=2048, vcpus=2, disk_overlay=overlay,
+        qemu="qemu-system-x86_64", accel="tcg", tcg_threads=default_tcg_threads(), memory_mb=2048, vcpus=2,
+        disk_overlay=overlay,
         kernel=image.kernel, initrd=image.initrd, cmdline_extra=image.cmdline,
         tools_disk=find_assets().tools,
         qmp_socket=run_dir / "qmp.sock", agent_socket=run_dir / "agent.sock",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rigd.backends.microvm_argv import microvm_argv
+from rigd.backends.microvm_argv import default_tcg_threads, microvm_argv
 from rigd.images import TerminalAssets, build_all
 from rigd.images.pack import ensure_pack
 from tests.integration.conftest import TestEvidence, make_data_dir, remove_tree
@@ -124,7 +124,7 @@ def boot(assets: TerminalAssets, tmp_path: Path, evidence: TestEvidence) -> Iter
         )
         argv = microvm_argv(
             qemu=QEMU,
-            accel="tcg",
+            accel="tcg", tcg_threads=default_tcg_threads(),
             memory_mb=512,
             vcpus=2,
             kernel=assets.kernel,

@@ -54,6 +54,7 @@ def test_q35_tcg_shape() -> None:
 def test_kvm_uses_the_host_cpu() -> None:
     a = argv(accel="kvm")
     assert opt(a, "-accel") == ["kvm"] and opt(a, "-cpu") == ["host"]
+    assert opt(argv(tcg_threads="single"), "-accel") == ["tcg,thread=single"]
 
 
 def test_no_network_device_at_all() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rigd.backends.microvm_argv import SANDBOX, kernel_cmdline, microvm_argv
+from rigd.backends.microvm_argv import SANDBOX, default_tcg_threads, kernel_cmdline, microvm_argv
 from rigd.errors import RigdError
 
 
@@ -44,6 +44,20 @@ def test_microvm_tcg_shape() -> None:
     assert opt(a, "-kernel") == ["/c/vmlinux"] and opt(a, "-initrd") == ["/c/initrd.img"]
     assert opt(a, "-sandbox") == [SANDBOX]
     assert "-netdev" not in a and not any("virtio-net" in x for x in a)
+
+
+def test_tcg_threading_is_named_only_under_tcg_and_checked() -> None:
+    assert opt(argv(tcg_threads="single"), "-accel") == ["tcg,thread=single"]
+    assert opt(argv(tcg_threads="multi"), "-accel") == ["tcg,thread=multi"]
+    assert opt(argv(accel="kvm", tcg_threads="single"), "-accel") == ["kvm"]
+    with pytest.raises(RigdError) as err:
+        argv(tcg_threads="many")
+    assert err.value.data["field"] == "tcg_threads" and "single, multi" in str(err.value)
+
+
+def test_the_default_tcg_threading_is_single_below_four_cores() -> None:
+    assert [default_tcg_threads(n) for n in (1, 2, 3, 4, 16)] == ["single"] * 3 + ["multi"] * 2
+    assert default_tcg_threads() in ("single", "multi")
 
 
 def test_disks_are_root_then_read_only_tools() -> None:
