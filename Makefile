@@ -15,7 +15,7 @@ help:
 	@echo "make test   - install what is missing and run lint + the whole test suite"
 	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
 	@echo "make images-browser - build the Chromium, Firefox and WebKit browser images (a server also builds them on first use)"
-	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes; MCP vs tools.call; registry pulls vs skopeo; ports: a forward vs the guest direct)"
+	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes; MCP vs tools.call; registry pulls vs skopeo; ports: a forward vs the guest direct; TCG one thread per vCPU vs per machine)"
 	@echo "make lint   - ruff and mypy --strict"
 	@echo "scripts/test-budget - where the last make test spent its time (per image step, per test module)"
 
@@ -84,8 +84,8 @@ bench: images images-desktop
 	$(BIN)/python bench/terminal.py; a=$$?; $(BIN)/python bench/lifecycle.py; b=$$?; $(BIN)/python bench/netgate.py; c=$$?; \
 	$(BIN)/python bench/computer.py; d=$$?; $(BIN)/python bench/lanes.py; e=$$?; \
 	$(BIN)/python bench/agents.py; f=$$?; $(BIN)/python bench/images.py; g=$$?; \
-	$(BIN)/python bench/ports.py; h=$$?; \
-	exit $$(( a || b || c || d || e || f || g || h ))
+	$(BIN)/python bench/ports.py; h=$$?; $(BIN)/python bench/tcg.py; i=$$?; \
+	exit $$(( a || b || c || d || e || f || g || h || i ))
 
 clean-cache:
 	rm -rf "$(RIGD_CACHE_DIR)"
