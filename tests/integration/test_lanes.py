@@ -182,13 +182,29 @@ def test_an_abandoned_download_stops_the_guest_reader_and_is_audited_aborted(ter
 
 
 def test_a_file_that_changes_while_read_never_ends_as_a_complete_200(term: tuple[Server, str]) -> None:
-    """/proc/self/status is the agent's own, so it changes between the digest pass and the
-    bytes: a client either sees an error or a body short of its Content-Length (the
-    connection closes), never a complete 200 whose Repr-Digest does not match."""
+    """A guest loop rewrites the first bytes of a 16 MB file in place with a counter, so they
+    change between the digest pass and the bytes (the agent reads one fd twice): a client
+    either sees an error or a body short of its Content-Length (the connection closes), never
+    a complete 200 whose Repr-Digest does not match. (It read /proc/self/status, which changed
+    between the passes only when the agent's main thread happened to be switched out.)"""
+    srv, rig = term
+    sh(srv, rig, "rm -f /root/stop-changing && head -c 16M /dev/zero > /root/changing && "
+                 "setsid sh -c 'i=0; while [ ! -e /root/stop-changing ]; do i=$((i+1)); "
+                 "exec 3<>/root/changing; printf %012d $i >&3; exec 3>&-; done' "
+                 "</dev/null >/dev/null 2>&1 & echo $! > /root/changer.pid")
+    try:
+        seen = _read_changing(srv, rig)
+    finally:
+        sh(srv, rig, "touch /root/stop-changing; kill $(cat /root/changer.pid) 2>/dev/null; "
+                     "rm -f /root/changing; true")
+    assert any(status == 200 and not complete for status, complete in seen), seen
+    assert srv.call("rig.get", {"rigId": rig})["phase"] == "ready"
+
+
+def _read_changing(srv: Server, rig: str) -> list[tuple[int, bool]]:
     import http.client
 
-    srv, rig = term
-    p = base64.urlsafe_b64encode(b"/proc/self/status").decode().rstrip("=")
+    p = base64.urlsafe_b64encode(b"/root/changing").decode().rstrip("=")
     parts = urllib.parse.urlsplit(srv.url)
     seen = []
     for _ in range(3):
@@ -207,8 +223,7 @@ def test_a_file_that_changes_while_read_never_ends_as_a_complete_200(term: tuple
             seen.append((resp.status, complete))
         finally:
             conn.close()
-    assert any(status == 200 and not complete for status, complete in seen), seen
-    assert srv.call("rig.get", {"rigId": rig})["phase"] == "ready"
+    return seen
 
 
 def test_a_client_that_hangs_up_mid_upload_leaves_nothing(term: tuple[Server, str]) -> None:
