@@ -144,8 +144,10 @@ def start_server(args: argparse.Namespace, name: str, data_dir: Path, *, warm: b
     The server is this checkout's code run by this interpreter, so it is the
     rigd the bench imports (a worktree has no ``.venv`` of its own).
     """
+    # Pools off unless the bench names some: a background fill would run beside what it times.
+    pools = [] if extra and "--pool" in extra else ["--pool", "none"]
     cmd = [sys.executable, "-m", "rigd", "serve", "--data-dir", str(data_dir), "--port", "0",
-           "--accel", args.accel, "--qemu", args.qemu, "--log-level", "info", *(extra or [])]
+           "--accel", args.accel, "--qemu", args.qemu, "--log-level", "info", *pools, *(extra or [])]
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, ENV_SWITCH: "1" if warm else "0",
            "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}

@@ -140,6 +140,12 @@ class Machine(Protocol):
         the machine's surface does not answer is a field error naming ``action.action``."""
         ...
 
+    async def take_profile(self, owner: str, name: str) -> None:
+        """Load ``owner``'s saved browser profile ``name`` into the running engine and keep it
+        from now on (a pooled browser rig's hand-over); a field error naming ``profile`` on a
+        machine that keeps none."""
+        ...
+
     @property
     def display(self) -> tuple[int, int] | None:
         """The screen's current mode in pixels; None for a machine without a screen."""

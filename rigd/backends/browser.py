@@ -158,6 +158,9 @@ class BrowserDriver:
     #: A person's pointer and held keys (live-view input, replayed through CDP).
     _pointer: PointerState = field(default_factory=PointerState)
     _input_lock: trio.Lock = field(default_factory=trio.Lock)
+    #: The nursery of the engine's watchers while its connection is up (a profile taken over
+    #: later is kept from there).
+    _watch: trio.Nursery | None = None
     #: A custom image (a workspace's ``rigs.smolvm.browserImage``) not yet checked against
     #: the browser contract: checked before the engine starts.
     contract: CustomPack | None = None
@@ -249,6 +252,7 @@ class BrowserDriver:
                     await self._start_page_shown(page)
                 task_status.started()
                 async with trio.open_nursery() as watch:
+                    self._watch = watch
                     async def ended(what: Awaitable[str]) -> None:
                         nonlocal reason
                         reason = await what
@@ -266,6 +270,7 @@ class BrowserDriver:
                                console=self.machine.console_tail(1024)) from exc
         finally:
             self.page = None
+            self._watch = None
         if self.machine.shutting_down:
             return
         raise BackendError(f"{self.engine.value}: {reason or 'the DevTools connection ended'}",
@@ -389,6 +394,20 @@ class BrowserDriver:
             "profile": ref.name, "cookies": len(state.cookies), "tabs": len(state.tabs),
             "origins": len(state.storage), "problems": len(self.profile_problems)})
         return reopened
+
+    async def take_profile(self, owner: str, name: str) -> None:
+        """A pooled rig's hand-over (issue 28): put the new owner's profile into the running
+        engine as a rig opened with it does before its first verb (cookies, storage, the open
+        tab), and keep it from now on."""
+        page, watch = self.page, self._watch
+        if page is None or watch is None or self.profiles is None:
+            raise BackendError(f"{self.engine.value}: the engine is not connected; cannot load a profile")
+        if self.profile is not None:
+            raise BackendError(f"this rig already keeps profile {self.profile.name!r}")
+        ref = ProfileRef(owner, name)
+        await self._restore_profile(page, ref)
+        self.profile = ref
+        watch.start_soon(self._keep_profile, page, ref)
 
     async def _keep_profile(self, page: PageDriver, ref: ProfileRef) -> None:
         """Save the profile soon after anything that may change it, and every

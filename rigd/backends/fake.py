@@ -41,6 +41,8 @@ class FakeMachine:
     fault_now: trio.Event = field(default_factory=trio.Event)
     #: The machine's lanes (made on first use; tests may replace them).
     fake_lanes: FakeLanes | None = None
+    #: The profile a hand-over gave the machine: (owner, name); set from the spec at boot.
+    profile: tuple[str, str] | None = None
 
     def port_channel(self) -> Path | None:
         return None
@@ -98,6 +100,14 @@ class FakeMachine:
         await trio.lowlevel.checkpoint()
         self.performed.append(action.verb)
         return self.answers.get(action.verb, {"performed": action.verb})
+
+    async def take_profile(self, owner: str, name: str) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.spec.surface is not Surface.BROWSER:
+            raise FieldError("profile", f"a {self.spec.surface} rig keeps no browser profile")
+        if self.profile is not None:
+            raise BackendError(f"this rig already keeps profile {self.profile[1]!r}")
+        self.profile = (owner, name)
 
     @property
     def display(self) -> tuple[int, int] | None:
@@ -220,7 +230,8 @@ class FakeBackend:
         if self.fault == "restore":
             raise LookupError("fake restore bug")
         kind = FakeDesktopMachine if spec.surface is Surface.COMPUTER else FakeMachine
-        machine = kind(spec, info, policy=spec.network.policy if spec.network else None)
+        machine = kind(spec, info, policy=spec.network.policy if spec.network else None,
+                       profile=spec.profile)
         if isinstance(machine, FakeDesktopMachine) and spec.display is not None:
             machine.screen = spec.display
         self.machines.append(machine)

@@ -52,7 +52,7 @@ from rigd.backends.lanes import DropReceiver, GuestLanes
 from rigd.backends.microvm_argv import PORTS_SOCKET, SANDBOX, default_tcg_threads
 from rigd.backends.procs import proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
-from rigd.backends.recipe import BootRecipe, Driver, RigPaths
+from rigd.backends.recipe import BootRecipe, Driver, ProfileTaker, RigPaths
 from rigd.backends.ring import Ring
 from rigd.backends.snapshot import (
     Snapshot,
@@ -504,6 +504,11 @@ class QemuMachine:
 
     async def perform(self, action: Action) -> dict[str, Any]:
         return await self.driver.perform(action)
+
+    async def take_profile(self, owner: str, name: str) -> None:
+        if not isinstance(self.driver, ProfileTaker):
+            raise FieldError("profile", f"a {self.recipe.surface} rig keeps no browser profile")
+        await self.driver.take_profile(owner, name)
 
     async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
                     mark_cursor: bool = True) -> Frame:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rigd.backends.base import Frame, MachineSpec
 from rigd.backends.lanes import DropTarget
@@ -90,6 +90,14 @@ class Driver(Protocol):
                     mark_cursor: bool) -> Frame: ...
 
     async def send_input(self, steps: Sequence[Step]) -> None: ...
+
+
+@runtime_checkable
+class ProfileTaker(Protocol):
+    """A driver that can put an owner's saved profile into its running engine (a browser's):
+    how a pooled rig takes the profile its caller opens with (issue 28)."""
+
+    async def take_profile(self, owner: str, name: str) -> None: ...
 
 
 class BootRecipe(Protocol):

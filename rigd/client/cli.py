@@ -87,7 +87,7 @@ class Client:
 
 
 def _default_data_dir() -> Path:
-    from rigd.server.main import default_data_dir
+    from rigd.datadir import default_data_dir
 
     return Path(os.environ.get("RIGD_DATA_DIR") or default_data_dir())
 
@@ -137,8 +137,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from rigd.backends.snapshot import warm_starts_enabled
     from rigd.logs import setup
+    from rigd.rigs.pools import POOL_KEYS, check_fits, default_pools, merged, parse_pool_flag
     from rigd.server.main import ServeConfig, serve
 
+    # Pools (issue 28): without --pool, what fits a quarter of the budget; with any, only those.
+    pools = (merged(dict.fromkeys(POOL_KEYS, 0), [parse_pool_flag(v) for v in args.pool]) if args.pool
+             else default_pools(args.memory_budget_mb))
+    check_fits(pools, args.memory_budget_mb, "--pool")
+    if not 60 <= args.pool_max_age <= 24 * 3600:
+        raise ClientError("--pool-max-age takes 60 to 86400 seconds")
     setup(args.log_level)
     config = ServeConfig(
         data_dir=Path(args.data_dir) if args.data_dir else _default_data_dir(),
@@ -154,6 +161,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dev_http_port=args.dev_http_port, dev_https_port=args.dev_https_port,
         allow_lan_ports=args.allow_lan_ports,
         tcg_threads=None if args.tcg_threads == "auto" else args.tcg_threads,
+        pools=pools, pool_max_age_s=float(args.pool_max_age),
     )
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve, config)
@@ -585,6 +593,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--upstream-ca", help="CA bundle for verifying brokered hosts (default: system CAs)")
     sp.add_argument("--no-warm-starts", action="store_true",
                     help="always boot cold (no per-pack memory snapshots)")
+    sp.add_argument("--pool", action="append", default=[], metavar="SURFACE[:ENGINE]=N",
+                    help="keep N rigs of that shape booted and unowned, taken by rig.open at once "
+                    "(terminal, computer, browser:chromium|firefox|webkit; repeatable; 'none': no "
+                    "pools). Default: terminal=1 and browser:chromium=1 when they fit in a quarter "
+                    "of the memory budget; with any --pool, only the pools named")
+    sp.add_argument("--pool-max-age", type=int, default=30 * 60, metavar="SECONDS",
+                    help="a pooled rig older than this is replaced (default 1800)")
     sp.add_argument("--tcg-threads", choices=["auto", "single", "multi"], default="auto",
                     help="under TCG, one host thread per vCPU (multi) or one per rig (single); "
                     "auto (default): single on a host of fewer than 4 cores, where rigs booting "

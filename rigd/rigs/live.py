@@ -4,6 +4,7 @@ manager and the RPC edge share, and the rig's own net-audit lane."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,6 +16,7 @@ from netgate.proxy import AuditEvent
 from rigd.backends.base import Machine
 from rigd.model import Phase
 from rigd.rigs.params import OpenParams
+from rigd.rigs.pools import PoolKey
 from rigd.rigs.scheduler import RigState
 from rigd.store.server_db import User
 from rigd.store.workspace_db import RigRow, WorkspaceDB
@@ -76,6 +78,10 @@ class LiveRig:
     xdnd_at_press: bytes | None = None
     #: The console of the rig's last machine, for a failure after it is gone.
     last_console: Callable[[int], str] | None = None
+    #: The pool that holds this rig while no one owns it (issue 28), and when it was started
+    #: (the manager's clock); None once taken, or for a rig opened for a caller.
+    pool_key: PoolKey | None = None
+    pooled_at: float = 0.0
 
     @property
     def profile(self) -> str | None:
@@ -106,7 +112,7 @@ def rig_state(rig: LiveRig, now: float) -> RigState:
         id=rig.row.id, phase=rig.phase, last_active=rig.last_active,
         expires_at=rig.expires_at, idle_s=rig.row.idle_s, resident_mb=resident,
         terminals=rig.terminals, watched_until=rig.watched_until,
-        controlled_by_person=controlled, busy=rig.busy,
+        controlled_by_person=controlled, busy=rig.busy, pooled=rig.pool_key is not None,
     )
 
 
@@ -150,3 +156,10 @@ async def write_net_audit(stores: Stores, rig: LiveRig,
                 error=None if event.allowed else str(event.reason)[:300], duration_ms=int(
                     float(getattr(event, "duration_s", 0) or 0) * 1000),
             )
+
+
+def egress_json(policy: Policy | None, defaults: bool) -> str | None:
+    """The allowlist as a rig's row keeps it."""
+    if policy is None:
+        return None
+    return json.dumps({"allow": list(policy.allow), "defaults": defaults})

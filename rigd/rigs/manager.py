@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -56,8 +55,18 @@ from rigd.rigs import lifecycle
 from rigd.rigs.events import EventBus
 from rigd.rigs.failure import describe_failure
 from rigd.rigs.guard import WorkspaceSettings, custom_image
-from rigd.rigs.live import NET_AUDIT_BUFFER, Caller, LiveRig, net_audit_sink, rig_state, write_net_audit
+from rigd.rigs.live import (
+    NET_AUDIT_BUFFER,
+    Caller,
+    LiveRig,
+    egress_json,
+    net_audit_sink,
+    rig_state,
+    write_net_audit,
+)
 from rigd.rigs.params import OpenParams
+from rigd.rigs.pool_service import POOL_WORKSPACE, PoolService
+from rigd.rigs.pools import DEFAULT_MAX_AGE_S, PoolKey
 from rigd.rigs.render import exec_json, rig_json
 from rigd.rigs.scheduler import Admit, Park, counted, plan_admission, plan_idle
 from rigd.store.aio import Stores
@@ -92,6 +101,8 @@ class RigManager:
         tick_s: float = 1.0,
         network: str | None = None,
         recover: Callable[[Sequence[LeftBehind]], Awaitable[set[str]]] | None = None,
+        pools: Mapping[PoolKey, int] | None = None,
+        pool_max_age_s: float = DEFAULT_MAX_AGE_S,
     ) -> None:
         self.stores = stores
         self.backends = backends
@@ -113,6 +124,11 @@ class RigManager:
         self.settings_of: Callable[[str], Awaitable[WorkspaceSettings]] | None = None
         #: Forwarded ports and dev domains (RIGS.md §8); None: the server forwards none.
         self.ports: PortsHub | None = None
+        #: Whether a workspace has credential-broker secrets (its rigs then boot trusting the
+        #: broker's CA, so no pooled rig serves it); None: no broker.
+        self.brokered: Callable[[str], Awaitable[bool]] | None = None
+        #: Rigs booted before anyone asks (issue 28; every pool 0 unless configured).
+        self.pools = PoolService(self, pools or {}, max_age_s=pool_max_age_s)
 
     # -- service lifetime -------------------------------------------------------
 
@@ -122,6 +138,7 @@ class RigManager:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._reaper)
+                nursery.start_soon(self.pools.run)
                 task_status.started()
                 try:
                     await trio.sleep_forever()
@@ -148,8 +165,9 @@ class RigManager:
         become ``interrupted``.
         """
         left: list[tuple[WorkspaceDB, RigRow]] = []
-        for ws in await self.stores.run(self.stores.server.all_workspaces):
-            db = await self.stores.workspace(ws.id)
+        ws_ids = [ws.id for ws in await self.stores.run(self.stores.server.all_workspaces)]
+        for ws_id in [*ws_ids, POOL_WORKSPACE]:  # the pools' own rows too
+            db = await self.stores.workspace(ws_id)
             await self.stores.run(db.abandon_pending)
             left += [(db, row) for row in await self.stores.run(db.live_rigs)]
         alive: set[str] = set()
@@ -163,6 +181,8 @@ class RigManager:
                 close_reason=row.close_reason or reason.value, closed_at=iso(utcnow()),
             )
             log.info("recovered rig", extra={"rig": row.id, "reason": reason.value})
+            if db.workspace_id == POOL_WORKSPACE:  # never anyone's: nothing to keep
+                await self.stores.run(db.delete_rig, row.id)
 
     # -- visibility -------------------------------------------------------------
 
@@ -225,6 +245,14 @@ class RigManager:
     ) -> LiveRig:
         assert self._nursery is not None, "RigManager.run is not running"
         policy = self.egress_policy(params.surface, list(params.egress_allow), params.egress_defaults)
+        image_ref, image_note = None, None
+        if self.settings_of is not None:
+            image_ref, image_note = custom_image(await self.settings_of(ws_id), params.surface.value,
+                                                 params.engine.value if params.engine else None)
+        taken, start_note = await self.pools.take(caller, params, ws_id, db, policy,
+                                                  custom=image_ref is not None)
+        if taken is not None:
+            return taken
         async with self._admission:
             decision = plan_admission(
                 [rig_state(r, self.clock()) for r in self.live.values()],
@@ -237,21 +265,17 @@ class RigManager:
                 if rig is not None:
                     await self._reap(rig, CloseReason.IDLE_TIMEOUT,
                                      f"evicted to make room in the {self.memory_budget_mb} MB budget")
-            return await self._create(caller, params, ws_id, db, policy)
+            row = self.new_row(params, ws_id, policy, created_by=caller.user.id, image_ref=image_ref,
+                               image_note=image_note, start_note=start_note)
+            return await self.launch(row, db, params, policy, caller=caller)
 
-    async def _create(
-        self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB,
-        policy: Policy | None,
-    ) -> LiveRig:
-        assert self._nursery is not None
-        image_ref, image_note = None, None
-        if self.settings_of is not None:
-            image_ref, image_note = custom_image(await self.settings_of(ws_id), params.surface.value,
-                                                 params.engine.value if params.engine else None)
+    def new_row(self, params: OpenParams, ws_id: str, policy: Policy | None, *, created_by: str,
+                image_ref: str | None = None, image_note: str | None = None,
+                start_note: str | None = None) -> RigRow:
+        """A new rig's row, provisioning, from its open's parameters."""
         now = utcnow()
-        rig_id = new_id("rig")
-        row = RigRow(
-            id=rig_id, workspace_id=ws_id, conversation=params.conversation,
+        return RigRow(
+            id=new_id("rig"), workspace_id=ws_id, conversation=params.conversation,
             surface=params.surface.value, engine=params.engine.value if params.engine else None,
             backend=params.backend.value, accel=self.accel.value if self.accel else None,
             phase=Phase.PROVISIONING.value, phase_detail="queued", close_reason=None, failure=None,
@@ -259,23 +283,33 @@ class RigManager:
             display_h=params.display.height if params.display else None,
             memory_mb=params.memory_mb, vcpus=params.vcpus, ttl_s=params.ttl_s,
             idle_s=params.idle_s, image=None,
-            exec_image=params.surface is Surface.TERMINAL, created_by=caller.user.id,
+            exec_image=params.surface is Surface.TERMINAL, created_by=created_by,
             controller_kind=None, controller_id=None, created_at=iso(now),
             last_active_at=iso(now), expires_at=iso(now + timedelta(seconds=params.ttl_s)),
             closed_at=None, pid=None, pid_start_ticks=None, console_tail=None,
             egress=egress_json(policy, params.egress_defaults),
-            image_ref=image_ref, image_note=image_note,
+            image_ref=image_ref, image_note=image_note, start_note=start_note,
         )
+
+    async def launch(self, row: RigRow, db: WorkspaceDB, params: OpenParams, policy: Policy | None, *,
+                     caller: Caller | None = None, pool: PoolKey | None = None) -> LiveRig:
+        """Store ``row``, write the caller's ``open`` row, and start the rig's task (the machine
+        boots in the background). A pooled rig (``pool``, no caller) is kept in the pools' own
+        database and indexed under no workspace: no caller sees it until it is taken."""
+        assert self._nursery is not None, "RigManager.run is not running"
         await self.stores.run(db.insert_rig, row)
-        await self.stores.run(self.stores.server.index_rig, rig_id, ws_id)
-        rig = LiveRig(row=row, db=db, params=params, last_active=self.clock(),
-                      expires_at=self.clock() + params.ttl_s, policy=policy)
-        if caller.actor_kind == "agent":
-            rig.last_agent = caller.actor_id
-        self.live[rig_id] = rig
-        await self.audit_event(rig, caller, "open", {"surface": row.surface,
-                                                          "memoryMb": row.memory_mb,
-                                                          "vcpus": row.vcpus})
+        if pool is None:
+            await self.stores.run(self.stores.server.index_rig, row.id, row.workspace_id)
+        now = self.clock()
+        rig = LiveRig(row=row, db=db, params=params, last_active=now,
+                      expires_at=now + params.ttl_s if pool is None else float("inf"), policy=policy,
+                      pool_key=pool, pooled_at=now)
+        self.live[row.id] = rig
+        if caller is not None:
+            if caller.actor_kind == "agent":
+                rig.last_agent = caller.actor_id
+            await self.audit_event(rig, caller, "open", {"surface": row.surface, "memoryMb": row.memory_mb,
+                                                              "vcpus": row.vcpus})
         await self._nursery.start(self._rig_task, rig, self.backends[params.surface])
         return rig
 
@@ -342,7 +376,7 @@ class RigManager:
             info = machine.info
             rig.info = {"confinement": dict(info.confinement), "boot": info.boot}
             await self.update(rig, pid=info.pid, pid_start_ticks=info.pid_start_ticks,
-                               image=info.image, accel=info.accel.value)
+                               image=info.image, accel=info.accel.value, start=info.boot)
             await self._transition(rig, Phase.READY, "ready")
             rig.settled.set()
             channel = machine.port_channel()
@@ -415,6 +449,10 @@ class RigManager:
         )
         await self.events.publish(rig.row.workspace_id, rig.row.id, "RigPhaseChanged",
                                   phase=target.value, phaseDetail=detail)
+
+    async def mark_ready(self, rig: LiveRig, detail: str) -> None:
+        """A rig that was handed over (a pooled rig, taken) is ready for its caller."""
+        await self._transition(rig, Phase.READY, detail)
 
     async def _fail(self, rig: LiveRig, reason: str, console: str | None) -> None:
         if not lifecycle.can_transition(rig.phase, Phase.FAILED):
@@ -695,12 +733,6 @@ class RigManager:
     @staticmethod
     def xdnd_is_stale(rig: LiveRig, payload: bytes) -> bool:
         return rig.xdnd_at_press == hashlib.sha256(payload).digest()
-
-
-def egress_json(policy: Policy | None, defaults: bool) -> str | None:
-    if policy is None:
-        return None
-    return json.dumps({"allow": list(policy.allow), "defaults": defaults})
 
 
 __all__ = ["CONTROL_LEASE_S", "WATCH_LAPSE_S", "Caller", "LiveRig", "RigManager", "egress_json"]

@@ -42,6 +42,8 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
         notes.append(TCG_NOTE)
     if row.image_note:
         notes.append(row.image_note)
+    if row.start_note:
+        notes.append(row.start_note)
     out: dict[str, Any] = {
         "id": row.id, "workspace": row.workspace_id, "conversation": row.conversation,
         "surface": row.surface, "engine": row.engine, "backend": row.backend,
@@ -50,7 +52,7 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
         "controller": controller, "memoryMb": row.memory_mb, "vcpus": row.vcpus,
         "createdAt": row.created_at, "lastActiveAt": row.last_active_at,
         "expiresAt": row.expires_at, "closedAt": row.closed_at, "image": row.image,
-        "imageRef": row.image_ref,
+        "imageRef": row.image_ref, "start": row.start,
         "execImage": row.exec_image, "securityBoundary": row.accel != Accel.TCG.value,
         "pid": row.pid if row.phase != Phase.CLOSED.value else None,
         "notes": notes,

@@ -17,7 +17,10 @@ Rules:
 - **Memory.** Opening a rig that would push the resident total past the
   budget evicts least-recently-used rigs, never one that is pinned or busy
   running an action; if that cannot make room the open is refused, naming the
-  budget and what holds it.
+  budget and what holds it. Pooled rigs (issue 28) go first, ready or still
+  starting.
+- **Pools.** A pooled rig is owned by no one: it neither parks nor closes for
+  idleness (its pool replaces it by age, :mod:`rigd.rigs.pools`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class RigState:
     watched_until: float | None = None
     controlled_by_person: bool = False
     busy: int = 0  # actions in flight
+    #: A pooled rig (issue 28): owned by no one yet; never parked nor idle-reaped, and the
+    #: first to be evicted for memory.
+    pooled: bool = False
 
     def watched(self, now: float) -> bool:
         return self.watched_until is not None and now < self.watched_until
@@ -79,7 +85,7 @@ def plan_idle(rigs: Iterable[RigState], now: float) -> list[Decision]:
     """Parks and closes due at ``now``."""
     out: list[Decision] = []
     for rig in rigs:
-        if rig.phase not in RUNNING:
+        if rig.phase not in RUNNING or rig.pooled:
             continue
         if now >= rig.expires_at:
             out.append(Close(rig.id, CloseReason.TTL_EXPIRED, reaped=True))
@@ -120,9 +126,12 @@ def plan_admission(
     used = sum(r.resident_mb for r in live)
     if used + need_mb <= budget_mb:
         return Admit(())
+    # Pooled rigs first (starting ones too: a refill gives way to a caller), then the least
+    # recently used of the rest.
     evictable = sorted(
-        (r for r in live if r.phase in RUNNING and not r.pins(now) and not r.busy),
-        key=lambda r: (r.last_active, r.id),
+        (r for r in live
+         if (r.phase in RUNNING or r.pooled) and not r.pins(now) and not r.busy),
+        key=lambda r: (not r.pooled, r.last_active, r.id),
     )
     chosen: list[str] = []
     for rig in evictable:

@@ -65,6 +65,7 @@ from rigd.ports.hub import PortsHub
 from rigd.ports.tls import load_dev_ca, tls_dir
 from rigd.rigs.events import EventBus
 from rigd.rigs.manager import Caller, RigManager
+from rigd.rigs.pools import DEFAULT_MAX_AGE_S, PoolKey
 from rigd.server.app import MAX_INBOUND, ServerContext
 from rigd.server.imports import ImportJobs
 from rigd.server.lanes import server_app
@@ -112,13 +113,9 @@ class ServeConfig:
     dev_https_port: int | None = 0
     #: Whether ``rig.port.share {lan: true}`` may bind every interface while ``host`` is loopback.
     allow_lan_ports: bool = False
-
-
-def default_data_dir() -> Path:
-    if os.geteuid() == 0:
-        return Path("/var/lib/rigd")
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "rigd"
+    #: Rigs kept booted per shape (issue 28: ``rigd serve --pool``); None: none.
+    pools: Mapping[PoolKey, int] | None = None
+    pool_max_age_s: float = DEFAULT_MAX_AGE_S
 
 
 def write_private(path: Path, text: str) -> None:
@@ -182,7 +179,11 @@ def browser_pack(data_dir: Path, cache_dir: Path | None, engine: ImageEngine,
     except RigdError:
         progress(f"building the {engine.value} image (once per recipe; minutes)")
         log.info("building the %s browser image", engine.value)
-        assets = build_browser(engine, cache_dir, log=lambda m: log.info("browser image: %s", m))
+        def step(message: str) -> None:
+            log.info("browser image: %s", message)
+            progress(f"building the {engine.value} image: {message[:160]}")
+
+        assets = build_browser(engine, cache_dir, log=step)
     assets = dataclasses.replace(assets, boot=publish_assets(assets.boot, data_dir))
     return assets, share_pack(ensure_browser_pack(assets, data_dir, progress))
 
@@ -517,8 +518,16 @@ async def _serve(
         recover=layout.recover,
         memory_budget_mb=config.memory_budget_mb, tick_s=config.reap_interval_s,
         network=network.mode if network is not None else None,
+        pools=config.pools, pool_max_age_s=config.pool_max_age_s,
     )
     rigs.ports = await _ports_hub(config, data_dir)
+    if broker is not None:
+        secrets = broker
+
+        async def brokered(workspace_id: str) -> bool:
+            return bool(await trio.to_thread.run_sync(secrets.list, workspace_id))
+
+        rigs.brokered = brokered
     signer = Signer(load_or_create_key(data_dir / "signing.key"))
     base_url: list[str] = []
     imports = ImportJobs(data_dir, functools.partial(which_boots, data_dir, config.cache_dir))

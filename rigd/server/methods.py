@@ -20,6 +20,7 @@ from rigd.model import BUILT_ENGINES, BUILT_SURFACES
 from rigd.rigs.api import RigApi
 from rigd.rigs.manager import Caller, RigManager
 from rigd.rigs.params import RigRef, ident, integer, no_extra, obj, string
+from rigd.rigs.pools import MAX_AGE_RANGE_S, check_fits, parse_pool_sizes, sizes_json
 from rigd.server.imports import ImportJobs, listing
 from rigd.server.pulls import PullJobs
 from rigd.server.rpc import Method
@@ -147,6 +148,8 @@ def build_methods(
             "devHttpsPort": rigs.ports.dev_https_port if rigs.ports else None,
             "devHttpsProblem": rigs.ports.tls_problem if rigs.ports else None,
             "devCaFingerprint": rigs.ports.ca_fingerprint if rigs.ports else None,
+            "pools": rigs.pools.describe(),
+            "poolMaxAgeS": int(rigs.pools.max_age_s),
         }
 
     async def _secret_workspace(caller: Caller, params: dict[str, Any]) -> tuple[str, SecretStore]:
@@ -193,11 +196,26 @@ def build_methods(
         return {"workspace": ws_id, "name": name, "deleted": True}
 
     async def server_configure(caller: Caller, raw: object) -> dict[str, Any]:
+        """The memory budget and the pools (issue 28). Everything is checked before anything
+        changes: pools that cannot fit the (new) budget are refused naming ``pools``, or
+        ``memoryBudgetMb`` when it is the budget that shrank under them."""
         params = obj(raw)
-        no_extra(params, {"memoryBudgetMb"})
+        no_extra(params, {"memoryBudgetMb", "pools", "poolMaxAgeS"})
+        budget = rigs.memory_budget_mb
         if "memoryBudgetMb" in params:
-            rigs.memory_budget_mb = integer(params, "memoryBudgetMb", 256, 1 << 24, 0, "MB")
-        return {"memoryBudgetMb": rigs.memory_budget_mb}
+            budget = integer(params, "memoryBudgetMb", 256, 1 << 24, budget, "MB")
+        sizes = dict(rigs.pools.sizes)
+        if "pools" in params:
+            sizes.update(parse_pool_sizes(params["pools"]))
+        max_age = None
+        if "poolMaxAgeS" in params:
+            low, high = MAX_AGE_RANGE_S
+            max_age = float(integer(params, "poolMaxAgeS", low, high, int(rigs.pools.max_age_s), "seconds"))
+        check_fits(sizes, budget, "pools" if "pools" in params else "memoryBudgetMb")
+        rigs.memory_budget_mb = budget
+        rigs.pools.configure(sizes, max_age)
+        return {"memoryBudgetMb": rigs.memory_budget_mb, "pools": sizes_json(rigs.pools.sizes),
+                "poolMaxAgeS": int(rigs.pools.max_age_s)}
 
     async def signed_url(caller: Caller, raw: object, kind: str, route: str,
                          surfaces: frozenset[str] | None = None) -> dict[str, Any]:

@@ -119,6 +119,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE rig_sessions ADD COLUMN image_ref TEXT;
     ALTER TABLE rig_sessions ADD COLUMN image_note TEXT;
     """,
+    # v6: how the rig came to be ('pool', 'warm' or 'cold'; issue 28), and why a pooled rig
+    # could not serve its open
+    """
+    ALTER TABLE rig_sessions ADD COLUMN start TEXT;
+    ALTER TABLE rig_sessions ADD COLUMN start_note TEXT;
+    """,
 ]
 
 
@@ -160,6 +166,10 @@ class RigRow:
     image_ref: str | None = None
     #: Why a workspace's custom-image setting was not used (the default booted), or None.
     image_note: str | None = None
+    #: How the rig came to be: "pool" (taken from a pool), "warm" (a memory snapshot), "cold".
+    start: str | None = None
+    #: Why a pool could not serve this open (it opened warm or cold instead), or None.
+    start_note: str | None = None
 
 
 _RIG_COLUMNS = [f.name for f in fields(RigRow)]
@@ -269,6 +279,14 @@ class WorkspaceDB:
         if row is None:
             raise NotFound(f"no rig {rig_id!r}", field="rigId")
         return _rig(row)
+
+    def delete_rig(self, rig_id: str) -> None:
+        """Forget a rig and its log (the pools' own database: a pooled rig handed over to a
+        workspace, or retired, leaves nothing behind)."""
+        with self._lock:
+            for table in ("rig_action_log", "rig_seq", "rig_events", "rig_sessions"):
+                column = "id" if table == "rig_sessions" else "rig_id"
+                self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (rig_id,))  # noqa: S608 - ours
 
     def list_rigs(self, *, include_closed: bool = True) -> list[RigRow]:
         """All rigs, or all but the closed ones (failed rigs stay listed for a retry)."""

@@ -370,7 +370,12 @@ def reused_data_dir(path: Path, keep_image: str | None) -> Path:
 
 
 def start_server(data_dir: Path, *extra: str) -> Server:
+    """``rigd serve`` on ``data_dir`` under TCG. Its pools are off (``--pool none``) unless
+    ``extra`` names some: a pool boots rigs in the background, which only the tests of pools
+    (and those that take rigs from them) should pay for."""
     home = server_home(data_dir)
+    if "--pool" not in extra:
+        extra = ("--pool", "none", *extra)
     log_path = home / "server.log"
     (data_dir / "server.json").unlink(missing_ok=True)
     env = {**os.environ, rig_evidence.ENV: str(home / "rigs")}

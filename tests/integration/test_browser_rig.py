@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,11 +79,14 @@ CENTRE = """<!doctype html><html><head><meta charset="utf-8"><title>Centre</titl
 <body style="margin: 0"><div style="width: 100vw; height: 100vh" onclick="document.title = 'clicked ' +
   event.clientX + ',' + event.clientY + ' of ' + innerWidth + 'x' + innerHeight">click anywhere</div></body></html>"""
 
+RANDOM = """<!doctype html><html><head><meta charset="utf-8"><title>Random</title></head><body><script>
+document.title = Array.from(crypto.getRandomValues(new Uint32Array(4))).join('-');</script></body></html>"""
+
 SITE = "http://pages.test"
 PAGES = Site("pages.test", "192.0.2.60", "pages",
              pages=(("/form.html", FORM), ("/second.html", SECOND), ("/person.html", PERSON),
                     ("/drop.html", DROP), ("/show.html", SHOW),
-                    ("/centre.html", CENTRE)))
+                    ("/centre.html", CENTRE), ("/random.html", RANDOM)))
 
 
 World = tuple[Server, str, FakeInternet]
@@ -438,6 +442,8 @@ def test_an_engine_that_exits_fails_the_rig_saying_so(browser: World) -> None:
 
 
 def test_a_profile_keeps_cookies_storage_and_the_open_tab_across_rigs(browser: World) -> None:
+    """... and the rigs that carry it on come from a pool (issue 28): two pooled rigs, each
+    booted on its own from the engine's standby snapshot, taken by two opens at once."""
     srv, rig, _world = browser
     # The first rig saved its profile as it went; its engine was killed, and nothing is lost.
     assert srv.call("rig.get", {"rigId": rig})["phase"] == "failed"
@@ -445,23 +451,65 @@ def test_a_profile_keeps_cookies_storage_and_the_open_tab_across_rigs(browser: W
     assert len(saved) == 1 and saved[0].stat().st_mode & 0o777 == 0o600
     assert b"visits" not in saved[0].read_bytes() and b"across rigs" not in saved[0].read_bytes()
     # The first cold open seeded the engine's standby snapshot (booted, agent up, no engine):
-    # the second rig restores it and starts an engine of its own.
+    # every pooled rig restores it and starts an engine of its own.
     wait_snapshot(browser_pack_dir(srv.data_dir, find_browser(Engine.CHROMIUM)) / "rootfs.img")
     t0 = time.monotonic()
-    second = srv.call("rig.open", {"workspace": "default", "surface": "browser", "conversation": "c2",
-                                   "egress": {"allow": ["pages.test"]}, "profile": "main"})
-    print(f"second rig (standby snapshot, profile restored) ready in {time.monotonic() - t0:.1f} s")
+    srv.call("server.configure", {"pools": {"browser:chromium": 2}})
+    deadline = time.monotonic() + 400
+    while True:
+        pool = next(p for p in srv.call("server.info")["pools"] if p["key"] == "browser:chromium")
+        if pool["ready"] == 2:
+            break
+        assert pool["error"] is None and time.monotonic() < deadline, pool
+        time.sleep(0.5)
+    print(f"two pooled Chromium rigs ready in {time.monotonic() - t0:.1f} s")
+    # Two opens at once: one with the profile, one without; both with the caller's allowlist.
+    got: dict[str, dict[str, Any]] = {}
+    opens = {"c2": {"profile": "main"}, "c3": {}}
+
+    def take(conversation: str) -> None:
+        got[conversation] = srv.call("rig.open", {
+            "workspace": "default", "surface": "browser", "conversation": conversation,
+            "egress": {"allow": ["pages.test"]}, **opens[conversation]})
+
+    t1 = time.monotonic()
+    threads = [threading.Thread(target=take, args=(c,)) for c in opens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    print(f"both taken in {time.monotonic() - t1:.2f} s")
+    srv.call("server.configure", {"pools": {"browser:chromium": 0}})  # no refill: the module ends soon
+    second, third = got["c2"], got["c3"]
     try:
-        assert second["phase"] == "ready" and second["id"] != rig and second["profile"] == "main"
-        assert second["boot"] == "warm", second
-        # Made unique at restore (the snapshot's machine-id is no rig's), and its engine started after.
-        assert sh(srv, second["id"], "cat /etc/machine-id").strip() == rig_machine_id(second["id"])
-        assert int(sh(srv, second["id"], "ps -o etimes= -p $(cat /run/rigd-browser.pid)")) <= \
-            time.monotonic() - t0 + 5
-        # The tab the first rig had open is open again.
+        for r in (second, third):
+            assert r["phase"] == "ready" and r["start"] == "pool" and r["boot"] == "warm", r
+        assert second["profile"] == "main" and "profile" not in third and second["id"] != third["id"] != rig
+        for r in (second, third):
+            # Made unique at restore (the snapshot's machine-id is no rig's), its engine started by
+            # its own fill (after the pool was asked for), never restored from another's memory.
+            assert sh(srv, r["id"], "cat /etc/machine-id").strip() == rig_machine_id(r["id"])
+            assert int(sh(srv, r["id"], "ps -o etimes= -p $(cat /run/rigd-browser.pid)")) <= \
+                time.monotonic() - t0 + 5
+        # The tab the first rig had open is open again, with its cookie and storage.
         assert act(srv, second["id"], action="extract", kind="dom")["url"] == f"{SITE}/person.html"
         act(srv, second["id"], action="navigate", url=f"{SITE}/show.html")
         title = act(srv, second["id"], action="extract", kind="dom")["title"]["text"]
         assert title == "visits=yes|across rigs", title
+        # The other has the caller's allowlist (pages.test loads, nothing else) and no profile.
+        act(srv, third["id"], action="navigate", url=f"{SITE}/show.html")
+        assert act(srv, third["id"], action="extract", kind="dom")["title"]["text"] == "|null"
+        err = refused(srv, third["id"], action="navigate", url="http://denied.test/")
+        assert "denied.test did not load" in err["message"], err
+        # Two engines of their own: the pages' random values and the kernels' differ.
+        seen = []
+        for r in (second, third):
+            act(srv, r["id"], action="navigate", url=f"{SITE}/random.html")
+            page = act(srv, r["id"], action="extract", kind="dom")["title"]["text"]
+            kernel = sh(srv, r["id"], "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
+            seen.append((page, kernel))
+        assert seen[0][0] != seen[1][0] and seen[0][1] != seen[1][1], seen
+        assert all(len(p.split("-")) == 4 for p, _ in seen), seen
     finally:
-        srv.call("rig.close", {"rigId": second["id"]})
+        for r in (second, third):
+            srv.call("rig.close", {"rigId": r["id"]})

@@ -363,7 +363,7 @@ def _start_unprivileged(world: FakeInternet, data_dir: Path) -> tuple[Server, Pa
             "env", "-i", "PATH=/usr/bin:/bin", "HOME=/nonexistent", f"PYTHONPATH={site}:{code}",
             f"{rig_evidence.ENV}={home / 'rigs'}",
             python, "-m", "rigd", "serve", "--data-dir", str(data_dir), "--port", "0", "--accel", "tcg",
-            "--log-level", "info", "--cache-dir", str(UNPRIV_CACHE), "--network", "auto",
+            "--log-level", "info", "--cache-dir", str(UNPRIV_CACHE), "--network", "auto", "--pool", "none",
             "--resolver", f"{world.resolver[0]}:{world.resolver[1]}", "--upstream-ca", str(ca)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=code)

@@ -72,6 +72,14 @@ function header() {
     h("span.fact", { id: "memory-fact" }, "Memory: ",
       h("strong", {}, `${info.memoryInUseMb ?? 0} of ${info.memoryBudgetMb} MB`)),
   ];
+  for (const pool of info.pools || []) {
+    // A pool: how many of its rigs are ready, what the one filling is doing, or why it is not.
+    const why = pool.error || pool.waiting || (pool.filling ? pool.progress : "");
+    badges.push(h(`span.fact.pool${pool.error ? ".danger" : ""}`, { "data-pool": pool.key, title: why || "" },
+      `Pool ${pool.key}: `, h("strong", {}, `${pool.ready}/${pool.size} ready`),
+      pool.filling ? ` (${pool.filling} starting${pool.progress ? `: ${pool.progress}` : ""})` : "",
+      pool.error ? ` — failed: ${pool.error}` : "", pool.waiting ? ` — waiting ${pool.waiting}` : ""));
+  }
   if (info.accel === "tcg") badges.push(h("span.badge.danger", { title: info.accelProblem || "" }, "TCG — not a security boundary"));
   replace(facts, badges);
   replace(who, h("span", {}, session.me.name, session.me.admin ? " (admin)" : ""),

@@ -96,6 +96,15 @@ export class RigsScreen {
   }
 
   tick() {
+    // Rigs coming up and pools filling say what they are doing (an image build's steps):
+    // asked again every two seconds while any is.
+    this.ticks = (this.ticks || 0) + 1;
+    if (this.ticks % 2 === 0) {
+      for (const rig of this.rigs.values()) {
+        if (rig.phase === "provisioning") this.onEvent({ workspace: this.workspace, rigId: rig.id, type: "poll" });
+      }
+      if ((this.ctx.session.info.pools || []).some((p) => p.filling)) this.ctx.refreshFacts();
+    }
     for (const tr of this.tbody.querySelectorAll("tr[data-rig]")) {
       const rig = this.rigs.get(tr.dataset.rig);
       if (!rig) continue;
@@ -108,11 +117,13 @@ export class RigsScreen {
     const [surface, engine] = this.surface.value.split(":");
     announce(this.status, `Opening a ${engine ? `${engine} ${surface}` : surface} rig…`);
     try {
+      // Without waiting: the row shows at once, provisioning, with what it is doing (the first
+      // rig of an engine builds its image for minutes), and the events bring it to ready.
       const rig = await call("rig.open", { workspace: this.workspace, surface, conversation: `page-${Date.now()}`,
-        ...(engine ? { engine } : {}) });
+        wait: false, ...(engine ? { engine } : {}) });
       this.rigs.set(rig.id, rig);
       this.render();
-      announce(this.status, `Opened ${rig.id} (${rig.phase}).`, "ok");
+      announce(this.status, `Opened ${rig.id} (${rig.phase}${rig.start === "pool" ? ", from its pool" : ""}).`, "ok");
     } catch (e) { this.fail(e); }
   }
 
