@@ -28,6 +28,11 @@ not what is measured.
     :data:`rigd.backends.browser.POLL_FPS` a second), against the host
     Firefox's own capture loop (back-to-back ``capture()``: the most a poller
     could get). Ratio rig / host.
+(4) **The screenshot verb against the engine's own capture**, in the same rig, interleaved
+    (issue 28, item 3): ``screenshot`` through the machine (parse, driver, answer) against
+    the engine's capture call at the same size and quality (``PageDriver.capture``: one
+    ``Page.captureScreenshot``, ``browsingContext.captureScreenshot`` or WebDriver
+    screenshot). Ratio verb / capture (goal <= 1.0: the verb adds nothing the engine does not).
 
 Under TCG (this host) the rig's CPU is emulated: the ratios say what the
 isolation costs here, not on KVM. Every process is killed by pid on the way
@@ -89,7 +94,7 @@ from rigd.browser.testing import (  # noqa: E402
 from rigd.browser.webdriver import WebDriverConnection  # noqa: E402
 from rigd.browser.webkit import open_webkit  # noqa: E402
 from rigd.images.browser import BrowserAssets, Engine, build_browser, ensure_browser_pack  # noqa: E402
-from rigd.model import HUMAN_STILL_MAX, Accel, Display, Surface  # noqa: E402
+from rigd.model import AGENT_STILL_MAX, HUMAN_STILL_MAX, Accel, Display, Surface  # noqa: E402
 from rigd.model import Engine as ApiEngine  # noqa: E402
 from rigd.protocols.bidi import BiDiProtocol  # noqa: E402
 from rigd.protocols.devtools import parse_cast_frame  # noqa: E402
@@ -200,6 +205,23 @@ async def navigate_and_shoot(perform: Any, site: str, rounds: int) -> list[float
     return times
 
 
+async def verb_vs_capture(machine: QemuMachine, page: PageDriver,
+                          rounds: int) -> tuple[list[float], list[float]]:
+    """(4): the ``screenshot`` verb and the engine's capture, alternately, the same page."""
+    verb: list[float] = []
+    raw: list[float] = []
+    for i in range(rounds + 1):
+        for side in (("verb", "raw") if i % 2 == 0 else ("raw", "verb")):
+            t0 = time.perf_counter()
+            if side == "verb":
+                await machine.perform(act({"action": "screenshot"}))
+            else:
+                await page.capture(max_w=AGENT_STILL_MAX.width, max_h=AGENT_STILL_MAX.height, quality=75)
+            if i:  # the first round warms both paths
+                (verb if side == "verb" else raw).append(time.perf_counter() - t0)
+    return verb, raw
+
+
 async def raw_cast_fps(page: ChromiumDriver, seconds: float) -> tuple[float, int]:
     """Chromium's own screencast: every frame counted and acked at once."""
     frames = 0
@@ -292,6 +314,10 @@ async def run(args: argparse.Namespace, assets: BrowserAssets, pack: Path, work:
                       f"host {assets.engine.value} {fmt_ms(med(host_t))} → ratio "
                       f"{med(rig_t) / med(host_t):.2f} "
                       "(the VM tax; 1.0 = none)")
+                verb_t, raw_t = await verb_vs_capture(m, m.driver.page_driver(), args.rounds)
+                print(f"(4) screenshot verb {fmt_ms(med(verb_t))} against {assets.engine.value}'s own "
+                      f"capture {fmt_ms(med(raw_t))}, median of {args.rounds}, interleaved → ratio "
+                      f"{med(verb_t) / med(raw_t):.2f} (goal <= 1.0)")
                 await m.perform(act({"action": "navigate", "url": "http://127.0.0.1:8000/anim.html"}))
                 await host.perform(act({"action": "navigate", "url": f"{site}/anim.html"}))
                 rig_fps, rig_n = await live_fps(m, args.seconds)

@@ -7,7 +7,9 @@ exits. Pure: strings from constants; :mod:`rigd.backends.browser` runs them.
 
 from __future__ import annotations
 
+import json
 import shlex
+from typing import Any
 
 from rigd.backends.lanes import DropTarget
 from rigd.browser.firefox import user_js
@@ -40,6 +42,45 @@ START_PAGE = ('<!doctype html><html lang="en"><meta charset="utf-8"><title>rigd 
               '<body><h1>rigd browser rig</h1><p>This page is a local document inside the rig.</p>'
               '</body></html>')
 
+#: Chromium's own background services, off (issue 28, item 5): every lookup they make is a
+#: refused DNS row in the rig's audit log, which must show what the page and the agent did.
+#: Each feature named here phones home at rest in Chromium 1xx (optimization guides and their
+#: models, translate, media-router discovery, autofill's server, the CT-log and network-time
+#: queries, the field-trial seed); tests/integration/test_browser_rig.py proves the log quiet.
+#: Where an engine's background service that cannot be switched off is sent: a closed port on
+#: the guest's own loopback (the discard port; nothing listens), so it fails at once without a
+#: DNS lookup and leaves nothing in the audit log.
+QUIET_URL = "http://127.0.0.1:9"
+
+CHROMIUM_QUIET_FEATURES = (
+    "OptimizationHints",
+    "OptimizationHintsFetching",
+    "OptimizationGuideModelDownloading",
+    "OptimizationTargetPrediction",
+    "Translate",
+    "MediaRouter",
+    "DialMediaRouteProvider",
+    "AutofillServerCommunication",
+    "CertificateTransparencyComponentUpdater",
+    "NetworkTimeServiceQuerying",
+    "InterestFeedContentSuggestions",
+    "PrivacySandboxSettings4",
+)
+
+#: The fresh profile's ``Default/Preferences`` (issue 28, item 5): what only a preference turns
+#: off — the spell-check dictionary download (a text field fetches it from Google's CDN), the
+#: DNS probe of google.com after a failed load, translate, safe-browsing and search suggestions,
+#: network prediction (speculative lookups of links on the page).
+CHROMIUM_PREFERENCES: dict[str, Any] = {
+    "alternate_error_pages": {"enabled": False},
+    "browser": {"enable_spellchecking": False},
+    "spellcheck": {"dictionaries": [], "use_spelling_service": False},
+    "translate": {"enabled": False},
+    "safebrowsing": {"enabled": False},
+    "search": {"suggest_enabled": False},
+    "net": {"network_prediction_options": 2},
+}
+
 CHROMIUM_FLAGS = (
     "--headless=new",
     "--remote-debugging-address=127.0.0.1",
@@ -48,9 +89,23 @@ CHROMIUM_FLAGS = (
     "--disable-gpu",
     "--disable-background-networking",
     "--disable-component-update",
+    "--disable-component-extensions-with-background-pages",
+    "--disable-client-side-phishing-detection",
+    "--disable-domain-reliability",
+    "--disable-field-trial-config",
+    "--safebrowsing-disable-auto-update",
+    "--metrics-recording-only",
+    "--no-pings",
     "--disable-sync",
     "--disable-default-apps",
     "--disable-breakpad",
+    f"--disable-features={','.join(CHROMIUM_QUIET_FEATURES)}",
+    # What has no off switch is pointed at a closed port on the guest's own loopback (refused
+    # at once, no lookup, no row): Google accounts (the GAIA cookie check), Google APIs, the
+    # component updater's and the variations seed's servers.
+    *(f"--{switch}={QUIET_URL}" for switch in ("gaia-url", "google-apis-url", "lso-url",
+                                                "variations-server-url")),
+    f"--component-updater=url-source={QUIET_URL}",
     "--password-store=basic",
     "--window-size=1280,800",  # the browser's boot display (RIGS.md §7)
 )
@@ -87,7 +142,9 @@ def chromium_launch_script(*, port: int = GUEST_DEVTOOLS_PORT, sandbox: bool = T
         'chmod 0700 "$p"',
         # The start page: a local document (RIGS.md §9: it needs no egress).
         f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
-        f'chown {u}:{u} "$p/start.html"',
+        'mkdir "$p/Default"',
+        f"printf '%s' {shlex.quote(json.dumps(CHROMIUM_PREFERENCES))} >\"$p/Default/Preferences\"",
+        f'chown -R {u}:{u} "$p/start.html" "$p/Default"',
         f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all \\",
         '  env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 \\',
         f'  /usr/bin/chromium {" ".join(flags)} --user-data-dir="$p" "file://$p/start.html" \\',
@@ -117,7 +174,9 @@ def firefox_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
         f'chown -R {u}:{u} "$p"',
         'chmod 0700 "$p"',
         f"setsid setpriv --reuid={u} --regid={u} --init-groups --inh-caps=-all --bounding-set=-all \\",
+        # MOZ_REMOTE_SETTINGS_DEVTOOLS: a release build honours services.settings.server only with it.
         '  env -i HOME="$p" PATH=/usr/bin:/bin LANG=C.UTF-8 MOZ_CRASHREPORTER_DISABLE=1 \\',
+        '  MOZ_REMOTE_SETTINGS_DEVTOOLS=1 \\',
         f"  /usr/bin/firefox-esr --headless --no-remote --new-instance --remote-debugging-port={port} \\",
         '  --remote-allow-hosts 127.0.0.1 --profile "$p/profile" "file://$p/start.html" \\',
         f"  </dev/null >{LOG_FILE} 2>&1 &",

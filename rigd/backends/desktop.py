@@ -496,8 +496,10 @@ class DesktopDriver:
                          locate: Callable[[], Awaitable[tuple[int, int] | None]] | None = None,
                          ) -> tuple[Still, tuple[int, int] | None]:
         """:meth:`_qmp_still`, and where the pointer was marked. ``locate``, when
-        given, asks where the pointer is while QEMU dumps (its answer, if any,
-        replaces ``cursor``)."""
+        given, asks where the pointer is while QEMU dumps: its answer, if it comes
+        before the dump is read, replaces ``cursor`` (else the ask is dropped and
+        ``cursor`` — where rigd last put the pointer — is marked), so a still never
+        waits on the guest longer than on QEMU (issue 28, item 3)."""
         if self.m.qmp is None:
             raise BackendError("the machine is not running")
         qmp = self.m.qmp
@@ -516,6 +518,7 @@ class DesktopDriver:
                 await qmp.execute("screendump", {"filename": str(path), "format": dump},
                                   timeout=30 + self.m.grace)
                 raw = await trio.Path(path).read_bytes()
+                nursery.cancel_scope.cancel()
         finally:
             await trio.Path(path).unlink(missing_ok=True)
         cursor = where[0]

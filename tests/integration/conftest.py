@@ -626,3 +626,17 @@ __all__ = ["DESKTOP_SHAPE", "ClientError", "Server", "SharedRig", "SharedServer"
            "make_data_dir",
            "open_terminal", "qemu_pids_for", "reap", "remove_tree", "server_home", "start_server",
            "track_server"]
+
+
+def gateway_refusals(srv: Server, rig_id: str) -> dict[str, int]:
+    """How many times the rig's egress gateway refused each host (the audit log's ``netgate``
+    rows, every page of them): what a browser engine looked up on its own shows here."""
+    counts: dict[str, int] = {}
+    after = 0
+    while rows := srv.call("rig.log", {"rigId": rig_id, "afterSeq": after}):
+        for row in rows:
+            after = max(after, int(row["seq"]))
+            if row["tool"] == "netgate" and row.get("outcome") == "refused":
+                host = str(row["args"].get("host") or row["args"].get("aimed_at") or "?")
+                counts[host] = counts.get(host, 0) + 1
+    return counts

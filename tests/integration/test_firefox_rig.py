@@ -24,7 +24,7 @@ from websockets.sync.client import connect
 from netgate.testing import DEFAULT_SITES, FakeInternet
 from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, build_browser
-from tests.integration.conftest import make_data_dir, serving
+from tests.integration.conftest import gateway_refusals, make_data_dir, serving
 from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, refused, sh
 
 pytestmark = [
@@ -154,6 +154,18 @@ def test_a_person_drives_firefox_through_the_polled_live_view(firefox: World) ->
         srv.call("rig.control", {"rigId": rig, "op": "release"})
     dom = act(srv, rig, action="extract", kind="dom")
     assert dom["title"]["text"] == "typed Grüße", dom["title"]
+
+
+def test_the_engine_is_quiet_at_rest(firefox: World) -> None:
+    """Issue 28, item 5: every lookup the rig's gateway refused in this rig's life (the
+    module's tests so far: minutes of an engine running) is one a test asked for; Firefox's
+    own background services (remote settings, normandy, push, telemetry, safe browsing, captive-portal and region checks) looked nothing up, so the audit log shows
+    what the page and the agent did."""
+    srv, rig, _world = firefox
+    refusals = gateway_refusals(srv, rig)
+    # Before: firefox.settings.services.mozilla.com x44 and update.googleapis.com. What is left
+    # is Firefox's own retry of the agent's failed navigation at www.<host> (its URI fixup).
+    assert set(refusals) <= {"elsewhere.test", "www.elsewhere.test"}, sorted(refusals.items())
 
 
 def test_an_engine_that_exits_fails_the_rig_saying_so(firefox: World) -> None:

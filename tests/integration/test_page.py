@@ -102,8 +102,20 @@ def wait_exec(srv: Server, rig: str, command: str, deadline_s: float = 120, toke
 
 
 def open_from_page(page: Any, surface: str) -> str:
-    """Open a rig with the page's own form; the row appears and reaches ready without a reload."""
+    """Open a rig with the page's own form; the row appears at once, before the rig is ready
+    (issue 28: the page opens without waiting), and reaches ready without a reload."""
     before = set(page.locator("#rigs-body tr[data-rig]").evaluate_all("rs => rs.map(r => r.dataset.rig)"))
+    # Every phase each row shows, in order, as the page renders it.
+    page.evaluate("""() => {
+      window.__phases = {};
+      const seen = () => { for (const r of document.querySelectorAll('#rigs-body tr[data-rig]')) {
+        const p = (window.__phases[r.dataset.rig] ||= []);
+        if (p[p.length - 1] !== r.dataset.phase) p.push(r.dataset.phase); } };
+      window.__phasesObserver?.disconnect();
+      window.__phasesObserver = new MutationObserver(seen);
+      window.__phasesObserver.observe(document.querySelector('#rigs-body'),
+        { subtree: true, childList: true, attributes: true, attributeFilter: ['data-phase'] });
+    }""")
     page.get_by_label("Surface").select_option(surface)
     page.get_by_role("button", name="Open rig").click()
     row = page.locator("#rigs-body tr[data-rig][data-phase=ready]")
@@ -112,6 +124,8 @@ def open_from_page(page: Any, surface: str) -> str:
         ".some(r => !before.includes(r.dataset.rig))", arg=list(before), timeout=BOOT_MS)
     ids = [r for r in row.evaluate_all("rs => rs.map(r => r.dataset.rig)") if r not in before]
     assert len(ids) == 1, ids
+    phases = page.evaluate("id => window.__phases[id]", ids[0])
+    assert phases[0] == "provisioning" and phases[-1] == "ready", phases
     return str(ids[0])
 
 

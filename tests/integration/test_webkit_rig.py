@@ -25,7 +25,7 @@ from websockets.sync.client import connect
 from netgate.testing import DEFAULT_SITES, FakeInternet
 from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, build_browser
-from tests.integration.conftest import make_data_dir, serving
+from tests.integration.conftest import gateway_refusals, make_data_dir, serving
 from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, latest_log, refused, sh
 
 pytestmark = [
@@ -223,6 +223,16 @@ def test_a_person_drives_the_address_bar_and_the_audit_names_them(webkit: World)
         (r["verb"], r["outcome"], r.get("error")) for r in done]
     assert done[0]["args"]["direction"] == "back" and done[1]["args"]["url"] == f"{SITE}/second.html"
     assert act(srv, rig, action="extract", kind="dom")["url"] == f"{SITE}/second.html"
+
+
+def test_the_engine_is_quiet_at_rest(webkit: World) -> None:
+    """Issue 28, item 5: every lookup the rig's gateway refused in this rig's life (the
+    module's tests so far: minutes of an engine running) is one a test asked for; WebKit's
+    own background services (anything) looked nothing up, so the audit log shows
+    what the page and the agent did."""
+    srv, rig, _world = webkit
+    refusals = gateway_refusals(srv, rig)
+    assert set(refusals) <= {"elsewhere.test"}, sorted(refusals.items())
 
 
 def test_an_engine_that_exits_fails_the_rig_saying_so(webkit: World) -> None:
