@@ -71,7 +71,6 @@ from rigd.backends.browser import (  # noqa: E402
     CAST_QUALITY,
     IMAGE_ENGINE,
     IMAGE_ENGINE_KEY,
-    POLL_FPS,
     BrowserDriver,
     BrowserRecipe,
 )
@@ -81,7 +80,7 @@ from rigd.backends.recipe import RigPaths  # noqa: E402
 from rigd.browser.cdp import open_cdp  # noqa: E402
 from rigd.browser.chromium import ChromiumDriver, open_chromium  # noqa: E402
 from rigd.browser.firefox import open_firefox  # noqa: E402
-from rigd.browser.page import PageDriver  # noqa: E402
+from rigd.browser.page import POLL_FPS, PageDriver  # noqa: E402
 from rigd.browser.testing import (  # noqa: E402
     HostChromium,
     serve_pages,
