@@ -13,6 +13,7 @@ from typing import Any
 
 from rigd.backends.lanes import DropTarget
 from rigd.browser.firefox import user_js
+from rigd.browser.page import QUIET_URL
 from rigd.browser.webkit import MINIBROWSER_GTK_CSS
 
 #: Where Chromium's DevTools listens inside the guest (loopback only).
@@ -46,12 +47,7 @@ START_PAGE = ('<!doctype html><html lang="en"><meta charset="utf-8"><title>rigd 
 #: refused DNS row in the rig's audit log, which must show what the page and the agent did.
 #: Each feature named here phones home at rest in Chromium 1xx (optimization guides and their
 #: models, translate, media-router discovery, autofill's server, the CT-log and network-time
-#: queries, the field-trial seed); tests/integration/test_browser_rig.py proves the log quiet.
-#: Where an engine's background service that cannot be switched off is sent: a closed port on
-#: the guest's own loopback (the discard port; nothing listens), so it fails at once without a
-#: DNS lookup and leaves nothing in the audit log.
-QUIET_URL = "http://127.0.0.1:9"
-
+#: queries, the field-trial seed); tests/integration/test_browser_rig.py bounds what is left.
 CHROMIUM_QUIET_FEATURES = (
     "OptimizationHints",
     "OptimizationHintsFetching",

@@ -46,6 +46,7 @@ from rigd.browser.page import (
     IMAGE_MAX_BYTES,
     PAGE_SIZE,
     POLL_FPS,
+    QUIET_URL,
     RESTORE_STORAGE,
     WORLD_NAME,
     PageError,
@@ -114,8 +115,8 @@ FIREFOX_PREFS: dict[str, bool | int | str] = {
     "app.shield.optoutstudies.enabled": False,
     "messaging-system.rsexperimentloader.enabled": False,
     # Remote settings have no off switch: their server is a closed guest-loopback port
-    # (rigd.backends.browser_scripts.QUIET_URL), refused at once, no lookup.
-    "services.settings.server": "http://127.0.0.1:9/v1",
+    # (QUIET_URL), refused at once, no lookup.
+    "services.settings.server": f"{QUIET_URL}/v1",
     "dom.push.enabled": False,
     "dom.push.connection.enabled": False,
     "extensions.pocket.enabled": False,

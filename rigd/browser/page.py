@@ -356,6 +356,11 @@ FrameSink = Callable[[bytes, int, int], None]
 #: At most this many stills a second for the live view of an engine without a screencast (RIGS.md §7).
 POLL_FPS = 6
 
+#: Where an engine's background service that cannot be switched off is sent (issue 28, item 5):
+#: a closed port on the guest's own loopback (the discard port; nothing listens), so it fails at
+#: once without a DNS lookup and leaves nothing in the audit log.
+QUIET_URL = "http://127.0.0.1:9"
+
 
 async def polled_frames(capture: Callable[..., Awaitable[tuple[bytes, int, int]]], sink: FrameSink, *,
                         max_w: int, max_h: int, quality: int) -> None:

@@ -622,12 +622,6 @@ def exec_(srv: Server, rig_id: str, token: str | None = None, **action: Any) -> 
                                      "action": {"action": "exec", **action}}, token=token))
 
 
-__all__ = ["DESKTOP_SHAPE", "ClientError", "Server", "SharedRig", "SharedServer", "TestEvidence", "cleanup_failed", "desktop_server", "exec_",
-           "make_data_dir",
-           "open_terminal", "qemu_pids_for", "reap", "remove_tree", "server_home", "start_server",
-           "track_server"]
-
-
 def gateway_refusals(srv: Server, rig_id: str) -> dict[str, int]:
     """How many times the rig's egress gateway refused each host (the audit log's ``netgate``
     rows, every page of them): what a browser engine looked up on its own shows here."""
@@ -640,3 +634,10 @@ def gateway_refusals(srv: Server, rig_id: str) -> dict[str, int]:
                 host = str(row["args"].get("host") or row["args"].get("aimed_at") or "?")
                 counts[host] = counts.get(host, 0) + 1
     return counts
+
+
+__all__ = ["DESKTOP_SHAPE", "ClientError", "Server", "SharedRig", "SharedServer", "TestEvidence", "cleanup_failed", "desktop_server", "exec_",
+           "gateway_refusals", "make_data_dir",
+           "open_terminal", "qemu_pids_for", "reap", "remove_tree", "server_home", "start_server",
+           "track_server"]
+
