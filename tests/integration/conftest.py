@@ -640,4 +640,3 @@ __all__ = ["DESKTOP_SHAPE", "ClientError", "Server", "SharedRig", "SharedServer"
            "gateway_refusals", "make_data_dir",
            "open_terminal", "qemu_pids_for", "reap", "remove_tree", "server_home", "start_server",
            "track_server"]
-

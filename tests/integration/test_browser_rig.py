@@ -428,8 +428,9 @@ def latest_log(srv: Server, rig: str, n: int = 50) -> list[dict[str, Any]]:
 def test_the_engine_is_quiet_at_rest(browser: World) -> None:
     """Issue 28, item 5: every lookup the rig's gateway refused in this rig's life (the
     module's tests so far: minutes of an engine running) is one a test asked for, or the
-    named, bounded leftover below; Chromium's own background services (optimization guides, component updates, safe browsing, translate, media-router discovery)
-    looked nothing up, so the audit log shows what the page and the agent did."""
+    named, bounded leftover below; Chromium's own background services (optimization guides,
+    component updates, safe browsing, translate, media-router discovery) looked nothing up,
+    so the audit log shows what the page and the agent did."""
     srv, rig, _world = browser
     refusals = gateway_refusals(srv, rig)
     # Before: accounts.google.com x30, update.googleapis.com x18, google.com, and more. What is

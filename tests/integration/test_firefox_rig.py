@@ -159,8 +159,9 @@ def test_a_person_drives_firefox_through_the_polled_live_view(firefox: World) ->
 def test_the_engine_is_quiet_at_rest(firefox: World) -> None:
     """Issue 28, item 5: every lookup the rig's gateway refused in this rig's life (the
     module's tests so far: minutes of an engine running) is one a test asked for, or the
-    named, bounded leftover below; Firefox's own background services (remote settings, normandy, push, telemetry, safe browsing, captive-portal and region checks)
-    looked nothing up, so the audit log shows what the page and the agent did."""
+    named, bounded leftover below; Firefox's own background services (remote settings,
+    normandy, push, telemetry, safe browsing, captive-portal and region checks) looked
+    nothing up, so the audit log shows what the page and the agent did."""
     srv, rig, _world = firefox
     refusals = gateway_refusals(srv, rig)
     # Before: firefox.settings.services.mozilla.com x44 and update.googleapis.com. What is left
