@@ -294,8 +294,7 @@ async def run(args: argparse.Namespace, assets: BrowserAssets, pack: Path, work:
             assert isinstance(m.driver, BrowserDriver)
             print(f"(1) cold open → first screenshot: {fmt_s(cold_s)} (driver ready {fmt_s(ready_s)}; "
                   f"{peer.agent} answered {fmt_s(m.driver.devtools_s or 0)} after the engine started)")
-            print("    warm open: not measured — warm starts are not built for browser rigs yet "
-                  "(goal: at least 5 times faster than cold)")
+            print("    standby and pool opens: bench/open.py (a raw machine here has neither)")
             files = {"handler.sh": HANDLER, **{p.lstrip("/"): body for p, body in PAGES.items()}}
             script = "mkdir -p /srv && " + " && ".join(
                 f"printf '%s' {shlex.quote(body)} > /srv/{name}" for name, body in files.items())
