@@ -37,11 +37,11 @@ from rigd_agent.base import (
     reject_constant,
 )
 from rigd_agent.channel import Channel
-from rigd_agent.desktop import Desktop
+from rigd_agent.desktop import Desktop, use_image_packages
 from rigd_agent.files import PUT_DATA_LINE, Drop, FileRead
 from rigd_agent.ptys import Pty
 from rigd_agent.system import power_off, seed_rng, set_mac, write_machine_id
-from rigd_agent.x11 import FEATURES, INLINE_MAX, NO_DISPLAY, DamageWatch
+from rigd_agent.x11 import FEATURES, INLINE_MAX, MAX_OTHER_DISPLAYS, NO_DISPLAY, DamageWatch
 
 
 class AgentCore:
@@ -56,6 +56,8 @@ class AgentCore:
     ) -> None:
         self.chan = chan
         self.desktop = desktop  # None: a terminal rig (protocol 1), the desktop ops say "no display"
+        #: X displays of the rig's own besides the session's, by name (``screen {display}``).
+        self.displays: dict[str, Desktop] = {}
         self.proto = PROTO_DESKTOP if desktop is not None else PROTO
         self.agent_name = f"rigd-agent/{self.proto}"
         self.may_set_clock = may_set_clock  # also: may seed the kernel RNG and set a MAC
@@ -260,6 +262,24 @@ class AgentCore:
             raise Refused(NO_DISPLAY)
         self.desktop.need(feature)
         return self.desktop
+
+    def display_desktop(self, name: str | None, feature: str) -> Desktop:
+        """The session's desktop (``name`` None or its own), or another local X display of the
+        rig's own, as a browser rig's engine display: made on first use (at most
+        MAX_OTHER_DISPLAYS), with the image's Pillow when this interpreter has none."""
+        if name is None or (self.desktop is not None and self.desktop.name == name):
+            return self.need_desktop(feature)
+        with self.lock:
+            desk = self.displays.get(name)
+            if desk is None:
+                if len(self.displays) >= MAX_OTHER_DISPLAYS:
+                    raise Refused(f"at most {MAX_OTHER_DISPLAYS} other displays")
+                use_image_packages()
+                desk = self.displays[name] = Desktop({"DISPLAY": name}, session=False)
+        desk.need(feature)
+        if not desk.reachable():
+            raise Refused(f"display not ready: {name} accepts no connection")
+        return desk
 
     def send_bulk(self, rid: int, data: bytes) -> dict[str, Any]:
         """``data`` inline when small, else as ``data`` stream events (offset, ≤ 48 KiB each)."""

@@ -34,6 +34,7 @@ from rigd_agent.x11 import (
     report_targets,
     x_error_text,
 )
+from rigd_agent.xgrab import RawGrabber, XGrabError
 
 T = TypeVar("T")
 
@@ -48,18 +49,24 @@ class Desktop:
     their own (they need events); xclip owns written selections.
     """
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], *, session: bool = True) -> None:
         self.env = dict(env)
         self.name = env["DISPLAY"]
-        # python-xlib and Xcb read these from the process environment. The
-        # agent's own environment is never handed to children.
-        os.environ["DISPLAY"] = self.name
-        if env.get("XAUTHORITY"):
-            os.environ["XAUTHORITY"] = env["XAUTHORITY"]
+        if session:
+            # python-xlib and Xcb read these from the process environment. The
+            # agent's own environment is never handed to children. (Another
+            # display of the rig's own — ``session=False`` — is named per call.)
+            os.environ["DISPLAY"] = self.name
+            if env.get("XAUTHORITY"):
+                os.environ["XAUTHORITY"] = env["XAUTHORITY"]
         self.xlock = threading.Lock()
         self.mode_lock = threading.Lock()
         self.clip_lock = threading.Lock()
         self._dpy: Any = None
+        #: Rectangles of a display of the rig's own (no cookie) are read on a connection of
+        #: ours (rigd_agent.xgrab); the session's go through Pillow, whole, then cropped.
+        m = DISPLAY_NAME.match(self.name)
+        self.raw = RawGrabber(int(m.group("num"))) if not session and m is not None else None
         self.has_pil = _has_module("PIL")
         self.has_xlib = _has_module("Xlib")
         self.xrandr = shutil.which("xrandr", path=CLEAN_PATH)
@@ -179,6 +186,23 @@ class Desktop:
         return int(self.x(q))
 
     # ---- frames
+
+    def grab_rect(self, rect: tuple[int, int, int, int]) -> Any:
+        """``rect`` of the screen as a PIL RGB image: read alone where it can be (a display of
+        the rig's own), else cropped from the whole screen."""
+        x, y, w, h = rect
+        if self.raw is None:
+            image = self.grab()
+            if x + w > image.size[0] or y + h > image.size[1]:
+                raise Refused(f"rect {list(rect)} is outside the {image.size[0]}x{image.size[1]} screen")
+            return image.crop((x, y, x + w, y + h))
+        from PIL import Image
+
+        try:
+            data, _sw, _sh = self.raw.grab(x, y, w, h)
+        except XGrabError as exc:
+            raise Refused(str(exc) if str(exc).startswith("rect ") else f"display not ready: {exc}") from None
+        return Image.frombytes("RGB", (w, h), bytes(data), "raw", "BGRX")
 
     def grab(self) -> Any:
         """The whole screen as a PIL RGB image (the cursor is never in it)."""
@@ -467,6 +491,31 @@ def xrandr_ok(res: subprocess.CompletedProcess[bytes], what: str) -> None:
     if res.returncode != 0:
         err = res.stderr.decode("utf-8", "replace").strip()
         raise Refused(f"set_display: xrandr {what} failed: {clip(err, 300) or f'exit {res.returncode}'}")
+
+
+#: Where a Debian image keeps its Python packages. An agent run by the tools disk's own
+#: interpreter sees only its standard library; a browser image that carries python3-pil
+#: (WebKit's: its engine display's stills) lends it Pillow from here.
+IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
+
+
+def use_image_packages() -> bool:
+    """Make the image's Pillow importable when this interpreter has none and the image's is
+    built for it (its C extension carries this interpreter's suffix); True when PIL imports.
+    The directory goes last on ``sys.path``: it adds modules, never replaces one."""
+    if _has_module("PIL"):
+        return True
+    import importlib
+    import sys
+    import sysconfig
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ""
+    if not suffix or not os.path.isfile(os.path.join(IMAGE_PACKAGES, "PIL", "_imaging" + suffix)):
+        return False
+    if IMAGE_PACKAGES not in sys.path:
+        sys.path.append(IMAGE_PACKAGES)
+    importlib.invalidate_caches()
+    return _has_module("PIL")
 
 
 def _has_module(name: str) -> bool:

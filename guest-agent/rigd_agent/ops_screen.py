@@ -23,6 +23,8 @@ from rigd_agent.x11 import (
     cvt_modeline,
     encode_image,
     field_bind,
+    field_display,
+    field_rect,
     fit_size,
     mark_cursor,
     resample_box,
@@ -36,16 +38,17 @@ class ScreenOps(AgentCore):
         quality = field_int(req, "quality", default=75, lo=1, hi=100)
         fmt = field_choice(req, "format", ("jpeg", "png"), default="jpeg")
         mark = field_bool(req, "markCursor", default=True)
+        rect = field_rect(req)
         assert max_w is not None and max_h is not None and quality is not None
-        desk = self.need_desktop("screen")
+        desk = self.display_desktop(field_display(req), "screen")
         t0 = time.monotonic()
-        image = desk.grab()
+        image = desk.grab() if rect is None else desk.grab_rect(rect)
         t_grab = time.monotonic()
         cursor: list[int] | None = None
         if desk.has_xlib:
             with contextlib.suppress(Refused):
                 x, y, _, _ = desk.pointer()
-                cursor = [x, y]
+                cursor = [x, y] if rect is None else [x - rect[0], y - rect[1]]
         width, height = image.size
         image_w, image_h, scale = fit_size(width, height, max_w, max_h)
         if (image_w, image_h) != (width, height):

@@ -193,6 +193,36 @@ def field_bind(req: dict[str, Any]) -> list[tuple[int, int]]:
     return pairs
 
 
+#: X displays of the rig's own an agent may grab besides its session's (a browser rig's engine
+#: display): at most this many, each a local ``:N``.
+MAX_OTHER_DISPLAYS = 4
+RECT_MAX = 16384
+
+
+def field_display(req: dict[str, Any]) -> str | None:
+    """``display``: a local X display (``:99``), or None for the session's own."""
+    value = req.get("display")
+    if value is None:
+        return None
+    m = DISPLAY_NAME.match(value) if isinstance(value, str) else None
+    if m is None or m.group("host") not in ("", "unix") or int(m.group("num")) > 65535:
+        raise BadRequest("display must be a local X display such as :99")
+    return f":{int(m.group('num'))}"
+
+
+def field_rect(req: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    """``rect``: ``[x, y, width, height]`` in screen pixels (a crop before scaling), or None."""
+    value = req.get("rect")
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 4 and all(type(v) is int for v in value)):
+        raise BadRequest("rect must be [x, y, width, height], four integers")
+    x, y, w, h = value
+    if not (0 <= x < RECT_MAX and 0 <= y < RECT_MAX and 1 <= w <= RECT_MAX and 1 <= h <= RECT_MAX):
+        raise BadRequest(f"rect: x and y must be 0 to {RECT_MAX - 1}, width and height 1 to {RECT_MAX}")
+    return x, y, w, h
+
+
 def fit_size(width: int, height: int, max_w: int, max_h: int) -> tuple[int, int, float]:
     """Scale a ``width``x``height`` screen down (never up) to fit ``max_w``x``max_h``.
 

@@ -56,6 +56,7 @@ from rigd.backends.browser_scripts import (
     webkit_launch_script,
 )
 from rigd.backends.confine import UidPool
+from rigd.backends.guest_client import request_screen
 from rigd.backends.host import QemuBackend
 from rigd.backends.lanes import DropTarget
 from rigd.backends.layout import Layout
@@ -71,7 +72,7 @@ from rigd.browser.page import CLIPBOARD_MAX_BYTES, TCG_TITLE_FACTOR, TITLE_TIMEO
 from rigd.browser.profiles import ProfileRef, ProfileState, ProfileStore
 from rigd.browser.webdriver import WebDriverConnection
 from rigd.browser.webkit import MINIBROWSER, open_webkit
-from rigd.errors import BackendError, FieldError, RigdError
+from rigd.errors import BackendError, FieldError, GuestError, GuestRefused, RigdError
 from rigd.frames import Changes, Lane, Still
 from rigd.images.browser import BrowserAssets, Engine
 from rigd.model import HUMAN_STILL_MAX, Accel, Backend, Display, Surface
@@ -97,6 +98,8 @@ def _navigate(url: str) -> Action:
 
 #: How long a written clipboard may take to read back (xclip's child takes the selection).
 CLIP_SETTLE_S = 10.0
+#: How long the guest agent may take to grab and encode a still of WebKit's display.
+CAPTURE_S = 30.0
 #: JPEG quality of the live view's screencast frames (as the desktop's live view).
 CAST_QUALITY = 70
 #: How long a live still waits for a new screencast's first frame before taking a screenshot.
@@ -317,7 +320,7 @@ class BrowserDriver:
             start = f"file://{self.profile_dir}/start.html" if self.profile_dir else None
             try:
                 async with open_webkit(wd, viewport=self.viewport, start_url=start, binary=MINIBROWSER,
-                                       clipboard=self._x_clipboard) as webkit:
+                                       clipboard=self._x_clipboard, grab=self._display_grab) as webkit:
                     self.browser = f"WebKitGTK/{webkit.version}"
                     yield wd, webkit
             finally:
@@ -337,6 +340,24 @@ class BrowserDriver:
                     open_chromium(conn, viewport=self.viewport, first_tab_s=self._open_s) as chromium):
             self.browser = self.version.browser if self.version is not None else "Chromium"
             yield conn, chromium
+
+    async def _display_grab(self, rect: tuple[int, int, int, int], max_w: int, max_h: int,
+                            quality: int) -> tuple[bytes, int, int] | None:
+        """The page from WebKit's X display, grabbed by the guest agent (Pillow, from the image)
+        and cropped to ``rect``: a JPEG and its size; None (logged) when the agent cannot."""
+        try:
+            got = await request_screen(self.machine.channel(), timeout=CAPTURE_S + self.machine.grace,
+                                       max_w=max_w, max_h=max_h, quality=quality, format="jpeg",
+                                       markCursor=False, display=WEBKIT_DISPLAY, rect=list(rect))
+        except (GuestRefused, GuestError) as exc:
+            self.machine.log.info("the agent cannot grab WebKit's display; WebDriver's stills instead",
+                                  extra={"reason": str(exc)[:300]})
+            return None
+        if (got.display_w, got.display_h) != rect[2:]:
+            self.machine.log.info("the agent's grab is not the page's size; WebDriver's stills instead",
+                                  extra={"got": [got.display_w, got.display_h], "rect": list(rect)})
+            return None
+        return got.data, got.image_w, got.image_h
 
     async def _x_clipboard(self, text: str | None) -> str:
         """The WebKit display's clipboard (``xclip`` as the browser user): its text, or set to

@@ -66,6 +66,7 @@ from rigd.backends.base import Frame, MachineSpec
 from rigd.backends.confine import UidPool
 from rigd.backends.desktop_argv import desktop_argv
 from rigd.backends.gates import net_argv
+from rigd.backends.guest_client import MAX_STILL_BYTES, request_screen
 from rigd.backends.host import QemuBackend
 from rigd.backends.lanes import Clip, DropTarget, write_selection
 from rigd.backends.layout import Layout
@@ -102,8 +103,6 @@ POINTER_SETTLE_S = 3.0
 DRAWN_MIN_COLOURS = 8
 #: A restored desktop is already drawn; its agent only has to answer.
 RESTORED_DESKTOP_S = 60.0
-#: A still larger than this from the guest is refused (a 2560x1600 PNG is ~6 MB).
-MAX_STILL_BYTES = 32 << 20
 #: The keyboard the recipe's argv gives the guest (``desktop_argv``'s default).
 KEYBOARD = "virtio"
 #: How long after a paste key the text must stay the selection's (the client
@@ -446,43 +445,12 @@ class DesktopDriver:
 
     async def _agent_still(self, max_w: int, max_h: int, fmt: str, quality: int,
                            mark: bool) -> Frame:
-        parts: list[bytes] = []
-        size = [0]
-
-        def on_stream(event: Stream) -> None:
-            if event.name != "data" or event.body.get("offset") != size[0]:
-                return
-            if size[0] + len(event.data) <= MAX_STILL_BYTES:
-                parts.append(event.data)
-                size[0] += len(event.data)
-
-        body = await self.m.channel().request(
-            "screen", timeout=30 + self.m.grace, on_stream=on_stream, maxWidth=max_w,
-            maxHeight=max_h, quality=quality, format=fmt, markCursor=mark,
-        )
-        if isinstance(body.get("data"), str):
-            try:
-                data = base64.b64decode(body["data"], validate=True)
-            except ValueError as exc:
-                raise GuestError("the agent's screen data is not base64") from exc
-        else:
-            data = b"".join(parts)
-        dw, dh, iw, ih = (body.get(k) for k in ("displayWidth", "displayHeight", "imageWidth", "imageHeight"))
-        scale = body.get("scale")
-        if not (_is_int(dw) and _is_int(dh) and _is_int(iw) and _is_int(ih)
-                and 0 < iw <= max_w and 0 < ih <= max_h and 0 < dw <= 16384 and 0 < dh <= 16384
-                and isinstance(scale, int | float) and 0 < scale < 1000):
-            raise GuestError("the agent's screen reply has no valid sizes")
-        if body.get("bytes") != len(data) or not data:
-            raise GuestError("the agent's screen data is incomplete")
-        self.display = (dw, dh)
-        cursor = body.get("cursor")
-        point = None
-        if isinstance(cursor, list) and len(cursor) == 2 and all(_is_int(c) for c in cursor):
-            point = (int(cursor[0]), int(cursor[1]))
+        got = await request_screen(self.m.channel(), timeout=30 + self.m.grace, max_w=max_w, max_h=max_h,
+                                   quality=quality, format=fmt, markCursor=mark)
+        self.display = (got.display_w, got.display_h)
         media = "image/png" if fmt == "png" else "image/jpeg"
-        still = Still(data, media, dw, dh, iw, ih, float(scale))
-        return Frame(still, "agent", point, body.get("cursorMarked") is True)
+        still = Still(got.data, media, got.display_w, got.display_h, got.image_w, got.image_h, got.scale)
+        return Frame(still, "agent", got.cursor, got.cursor_marked)
 
     async def _qmp_still(self, max_w: int, max_h: int, fmt: str, quality: int, *,
                          dump: str = "png", cursor: tuple[int, int] | None = None) -> Still:

@@ -15,12 +15,13 @@ connection:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import trio
 
@@ -293,3 +294,70 @@ async def iterate(channel: trio.MemoryReceiveChannel[bytes]) -> AsyncIterator[by
     async with channel:
         async for chunk in channel:
             yield chunk
+
+
+#: A still larger than this from the guest is refused (a 2560x1600 PNG is ~6 MB).
+MAX_STILL_BYTES = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class AgentScreen:
+    """An agent's ``screen`` answer, its sizes checked: the encoded image and what it shows."""
+
+    data: bytes
+    display_w: int
+    display_h: int
+    image_w: int
+    image_h: int
+    scale: float
+    cursor: tuple[int, int] | None
+    cursor_marked: bool
+    #: The agent's own (grab, scale, encode, total: ms), for benchmarks; never relied on.
+    timings: dict[str, int]
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+async def request_screen(channel: GuestConnection, *, timeout: float, max_w: int, max_h: int,
+                         **fields: Any) -> AgentScreen:
+    """One ``screen`` request (docs/guest-protocol.md), the image inline or streamed; the
+    reply's sizes, scale and byte count are checked (a guest is hostile), else GuestError."""
+    parts: list[bytes] = []
+    size = [0]
+
+    def on_stream(event: Stream) -> None:
+        if event.name != "data" or event.body.get("offset") != size[0]:
+            return
+        if size[0] + len(event.data) <= MAX_STILL_BYTES:
+            parts.append(event.data)
+            size[0] += len(event.data)
+
+    body = await channel.request("screen", timeout=timeout, on_stream=on_stream, maxWidth=max_w,
+                                 maxHeight=max_h, **fields)
+    if isinstance(body.get("data"), str):
+        try:
+            data = base64.b64decode(body["data"], validate=True)
+        except ValueError as exc:
+            raise GuestError("the agent's screen data is not base64") from exc
+    else:
+        data = b"".join(parts)
+    dw, dh, iw, ih = (body.get(k) for k in ("displayWidth", "displayHeight", "imageWidth", "imageHeight"))
+    scale = body.get("scale")
+    if not (_is_int(dw) and _is_int(dh) and _is_int(iw) and _is_int(ih)
+            and 0 < iw <= max_w and 0 < ih <= max_h and 0 < dw <= 16384 and 0 < dh <= 16384
+            and isinstance(scale, int | float) and 0 < scale < 1000):
+        raise GuestError("the agent's screen reply has no valid sizes")
+    if body.get("bytes") != len(data) or not data:
+        raise GuestError("the agent's screen data is incomplete")
+    cursor = body.get("cursor")
+    point = None
+    if isinstance(cursor, list) and len(cursor) == 2 and all(_is_int(c) for c in cursor):
+        point = (int(cursor[0]), int(cursor[1]))
+    timings = body.get("timings")
+    kept = ({k: v for k, v in timings.items() if isinstance(k, str) and _is_int(v)}
+            if isinstance(timings, dict) else {})
+    return AgentScreen(data, dw, dh, iw, ih, float(scale), point, body.get("cursorMarked") is True,
+                       dict(list(kept.items())[:8]))
+

@@ -53,9 +53,11 @@ from rigd.browser.page import (
     PAGE_SIZE,
     POLL_FPS,
     RESTORE_STORAGE,
+    FrameSink,
     PageError,
     decoded_image,
     origin_of,
+    polled_frames,
     scroll_xy,
     text_json,
 )
@@ -158,6 +160,9 @@ SCROLL_TO = ("(y, x) => { window.scrollTo({left: x || 0, top: y, behavior: 'inst
 # How long a window/rect may take to show in the page's own size.
 RESIZE_WAIT_S = 4.0
 INNER = "() => [window.innerWidth, window.innerHeight, window.outerWidth, window.outerHeight]"
+#: A still of the page from the engine's X display: ``(rect, max_w, max_h, quality)`` → a JPEG
+#: and its size, or None when it cannot be had (the driver falls back to WebDriver's PNG).
+Grab = Callable[[tuple[int, int, int, int], int, int, int], Awaitable[tuple[bytes, int, int] | None]]
 
 
 def _call(function: str) -> str:
@@ -273,12 +278,22 @@ class WebKitDriver(W3CActionsDriver):
                    "names come from elements and ARIA attributes, not the engine's tree")
     cast_lane = ("webdriver-poll", f"WebKit is asked for a PNG still at most {POLL_FPS} times a second, "
                                    "made a JPEG on the host (WebDriver has no screencast)")
+    GRAB_LANE = ("display-poll", f"the guest agent grabs the page from WebKit's X display at most {POLL_FPS} "
+                                 "times a second, as a JPEG (what the display shows: it can lag the page)")
 
     def __init__(self, conn: WebDriverConnection, session: str, *, viewport: Display = BOOT_VIEWPORT,
-                 version: str = "", clipboard: XClipboard | None = None) -> None:
+                 version: str = "", clipboard: XClipboard | None = None, grab: Grab | None = None) -> None:
         self.conn = conn
         self.x_clipboard = clipboard
         self.session = session
+        #: The live view's frames from the engine's X display (the guest agent's grab), else
+        #: WebDriver's PNG.
+        self.grab = grab
+        #: Where the page is on that display (the window's place plus its toolbar), while the
+        #: window keeps its size.
+        self._page_rect: tuple[int, int, int, int] | None = None
+        if grab is not None:
+            self.cast_lane = self.GRAB_LANE
         #: Saved local storage to put back into each document of a saved origin (a profile).
         self._restore: dict[str, dict[str, str]] = {}
         super().__init__(viewport=viewport, version=version)
@@ -465,9 +480,38 @@ class WebKitDriver(W3CActionsDriver):
                                                      FULL_PAGE_MAX_HEIGHT, 75)
         return data, iw, ih, {"width": width, "height": height}
 
+    async def _rect_on_display(self) -> tuple[int, int, int, int]:
+        """The page's viewport on the X display: the window's place, plus its frame (the
+        toolbar above the page: outer minus inner size), the viewport's size."""
+        if self._page_rect is None:
+            iw, ih, ow, oh = await self._inner()
+            rect = await self._cmd("GET", "/window/rect", timeout=30)
+            x, y = (rect.get(k) if isinstance(rect, dict) else None for k in ("x", "y"))
+            if not (isinstance(x, int) and isinstance(y, int) and 0 <= x < 100_000 and 0 <= y < 100_000):
+                raise CDPProtocolError("window/rect: the window's place is not two integers")
+            self._page_rect = (x + ow - iw, y + oh - ih, iw, ih)
+        return self._page_rect
+
     async def _screenshot(self, max_w: int, max_h: int, quality: int) -> tuple[bytes, int, int]:
         # WebKit's stills are PNG: transcoded to JPEG here, on the host.
         return await trio.to_thread.run_sync(fit_jpeg, await self._png(), max_w, max_h, quality)
+
+    async def _live_still(self, *, max_w: int, max_h: int, quality: int = 75) -> tuple[bytes, int, int]:
+        """The live view's frame: what the display shows (the agent's grab, cropped to the page),
+        else WebDriver's still. The display is what a person would see, and lags WebKit's
+        painting: under TCG a grab right after a navigation can show tiles not yet painted,
+        where WebDriver's capture repaints first — so the agent's stills stay WebDriver's."""
+        if self.grab is not None:
+            got = await self.grab(await self._rect_on_display(), max_w, max_h, quality)
+            if got is not None:
+                return got
+            # The agent could not grab (said why in the rig's log): WebDriver's stills from here on.
+            self.grab, self.cast_lane = None, type(self).cast_lane
+        return await self._screenshot(max_w, max_h, quality)
+
+    async def cast(self, sink: FrameSink, *, max_w: int, max_h: int, quality: int) -> None:
+        """Stills for the live view, rate-capped: from the display when the agent can grab it."""
+        await polled_frames(self._live_still, sink, max_w=max_w, max_h=max_h, quality=quality)
 
     async def _do_screenshot(self, a: bv.BrowserScreenshot) -> dict[str, Any]:
         if a.full_page:
@@ -491,6 +535,7 @@ class WebKitDriver(W3CActionsDriver):
 
     async def _set_viewport(self, size: Display) -> None:
         """Size the window so its page is ``size`` (the window adds its own frame)."""
+        self._page_rect = None
         want = (size.width, size.height)
         got = await self._inner()
         for _ in range(4):
@@ -639,11 +684,12 @@ def _cookie_for(cookie: dict[str, Any], url: str) -> bool:
 async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIEWPORT,
                       start_url: str | None = None, binary: str = MINIBROWSER,
                       insecure_certs: bool = False,
-                      clipboard: XClipboard | None = None,
+                      clipboard: XClipboard | None = None, grab: Grab | None = None,
                       session_timeout_s: float = SESSION_NEW_TIMEOUT_S) -> AsyncIterator[WebKitDriver]:
     """A WebDriver session (the browser's window) and its driver, with its watch running
     (``insecure_certs``: accept any certificate — the host tests' own CA, never a rig;
-    ``clipboard``: the display's X clipboard, for the clipboard verbs)."""
+    ``clipboard``: the display's X clipboard, for the clipboard verbs; ``grab``: stills from
+    the display, else WebDriver's)."""
     caps = {"alwaysMatch": {
         "acceptInsecureCerts": insecure_certs, "pageLoadStrategy": "normal",
         "unhandledPromptBehavior": PROMPTS,
@@ -655,7 +701,7 @@ async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIE
         raise CDPProtocolError("POST session: the answer names no session")
     capabilities = got.get("capabilities")
     version = capabilities.get("browserVersion") if isinstance(capabilities, dict) else None
-    driver = WebKitDriver(conn, got["sessionId"], viewport=viewport, clipboard=clipboard,
+    driver = WebKitDriver(conn, got["sessionId"], viewport=viewport, clipboard=clipboard, grab=grab,
                           version=str(version)[:64] if isinstance(version, str) else "")
     try:
         await driver._cmd("POST", "/timeouts", {"script": int(SCRIPT_TIMEOUT_S * 1000),
@@ -674,6 +720,7 @@ async def open_webkit(conn: WebDriverConnection, *, viewport: Display = BOOT_VIE
 
 __all__ = [
     "MINIBROWSER",
+    "Grab",
     "WebKitDriver",
     "cookie_to_saved",
     "cookie_to_webdriver",

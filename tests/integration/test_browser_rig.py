@@ -81,11 +81,26 @@ CENTRE = """<!doctype html><html><head><meta charset="utf-8"><title>Centre</titl
 RANDOM = """<!doctype html><html><head><meta charset="utf-8"><title>Random</title></head><body><script>
 document.title = Array.from(crypto.getRandomValues(new Uint32Array(4))).join('-');</script></body></html>"""
 
+#: A still page with structure everywhere (no scrolling): a still shifted by a pixel, or taken
+#: from the wrong place on a display, differs from the engine's own capture of it.
+PATTERN = """<!doctype html><html><head><meta charset="utf-8"><title>Pattern</title><style>
+html, body { margin: 0; height: 100%; overflow: hidden; }
+body { display: grid; grid-template-columns: repeat(16, 1fr); grid-template-rows: repeat(10, 1fr); }
+div { font: bold 22px sans-serif; display: flex; align-items: center; justify-content: center; }
+</style></head><body><script>
+for (let i = 0; i < 160; i++) {
+  const d = document.createElement('div');
+  d.style.background = `hsl(${(i * 47) % 360}, 70%, ${30 + (i * 13) % 50}%)`;
+  d.style.color = (i % 3) ? 'white' : 'black';
+  d.textContent = String.fromCharCode(65 + i % 26) + i;
+  document.body.appendChild(d);
+}</script></body></html>"""
+
 SITE = "http://pages.test"
 PAGES = Site("pages.test", "192.0.2.60", "pages",
              pages=(("/form.html", FORM), ("/second.html", SECOND), ("/person.html", PERSON),
                     ("/drop.html", DROP), ("/show.html", SHOW),
-                    ("/centre.html", CENTRE), ("/random.html", RANDOM)))
+                    ("/centre.html", CENTRE), ("/random.html", RANDOM), ("/pattern.html", PATTERN)))
 
 
 World = tuple[Server, str, FakeInternet]

@@ -52,17 +52,19 @@ class AgentHarness:
 
     @classmethod
     def stdio(
-        cls, *extra: str, python: str = sys.executable, env: dict[str, str] | None = None
+        cls, *extra: str, python: str = sys.executable, env: dict[str, str] | None = None,
+        flags: tuple[str, ...] = ("-I",),
     ) -> AgentHarness:
         """A ``--stdio`` agent. Without ``env``: a terminal agent (protocol 1),
-        whatever display the developer running the tests has."""
+        whatever display the developer running the tests has. ``flags``: the interpreter's
+        (``-I -S``: no site packages, as the tools disk's interpreter has none)."""
         if env is None:
             # A variable in the agent's own environment must never reach its children.
             env = {**os.environ, "RIGD_TEST_LEAK": "leaked", "PYTHONHOME": sys.prefix}
             env.pop("DISPLAY", None)
             env.pop("XAUTHORITY", None)
             extra = ("--session-env", "", *extra)
-        argv = [python, "-I", str(AGENT), "--stdio", *extra]
+        argv = [python, *flags, str(AGENT), "--stdio", *extra]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         assert proc.stdin is not None and proc.stdout is not None
         return cls(argv, rfd=proc.stdout.fileno(), wfd=proc.stdin.fileno(), proc=proc)

@@ -362,7 +362,8 @@ needs_x = pytest.mark.skipif(X_MISSING is not None, reason=X_MISSING or "")
 
 
 class Xvfb:
-    def __init__(self, tmp: Path, width: int = 2560, height: int = 1600) -> None:
+    def __init__(self, tmp: Path, width: int = 2560, height: int = 1600, *, auth: bool = True) -> None:
+        """``auth=False``: no cookie, as a browser rig's engine display (local clients only)."""
         self.num = self._free_display()
         self.name = f":{self.num}"
         self.auth = tmp / "Xauthority"
@@ -371,7 +372,7 @@ class Xvfb:
         self.proc = subprocess.Popen(
             # -noreset: like a desktop session, where clients always hold the server
             ["Xvfb", self.name, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-noreset",
-             "-auth", str(self.auth)],
+             *(("-auth", str(self.auth)) if auth else ())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 10
@@ -894,3 +895,70 @@ def test_keymap_bind_sets_every_column(desktop: AgentHarness) -> None:
     call_ok(desktop, "keymap_bind", bind=[[200, 0x61]])
     out = desktop.exec([SYSTEM_PYTHON, "-c", KEYMAP_OF, "200"], timeout=20)
     assert [int(k) for k in out.stdout.decode().split()[1:3]] == [0x61, 0x61]
+
+
+#: Paints the root window of $DISPLAY with a pattern only its own coordinates make (red x,
+#: green y, blue x+y, each mod 256), then holds the display until stdin closes.
+PAINT = """
+import sys, Xlib.display, Xlib.X
+d = Xlib.display.Display()
+root = d.screen().root
+g = root.get_geometry()
+gc = root.create_gc()
+for top in range(0, g.height, 16):
+    rows = min(16, g.height - top)
+    data = bytes(b for y in range(top, top + rows) for x in range(g.width)
+                 for b in ((x + y) % 256, y % 256, x % 256, 0))
+    root.put_image(gc, 0, top, g.width, rows, Xlib.X.ZPixmap, 24, 0, data)
+d.sync()
+print("painted", flush=True)
+sys.stdin.read()
+"""
+
+
+def pattern(x0: int, y0: int, w: int, h: int) -> bytes:
+    return bytes(b for y in range(y0, y0 + h) for x in range(x0, x0 + w) for b in (x % 256, y % 256, (x + y) % 256))
+
+
+@needs_x
+@pytest.mark.timeout(90)
+def test_an_agent_without_a_session_grabs_a_display_of_the_rigs_own_cropped(tmp_path: Path) -> None:
+    """A browser rig's agent (protocol 1, the tools disk's interpreter: no site packages) grabs
+    its engine's display (``screen {display, rect}``) with the image's Pillow, cropped to the
+    page before scaling: every pixel is the one at that place on the screen."""
+    xvfb = Xvfb(tmp_path, 1024, 768, auth=False)
+    painter = subprocess.Popen([SYSTEM_PYTHON, "-c", PAINT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env={"PATH": "/usr/bin:/bin", "DISPLAY": xvfb.name})
+    harness = AgentHarness.stdio(python=SYSTEM_PYTHON, flags=("-I", "-S"))
+    try:
+        assert painter.stdout is not None and painter.stdout.readline() == b"painted\n"
+        ready = harness.wait_for(lambda e: isinstance(e, Ready))
+        assert isinstance(ready, Ready) and ready.proto == 1
+        reply = call_ok(harness, "screen", display=xvfb.name, rect=[100, 50, 320, 200], format="png",
+                        markCursor=False)
+        body = reply.body
+        assert (body["displayWidth"], body["displayHeight"], body["imageWidth"], body["imageHeight"]) == \
+            (320, 200, 320, 200)
+        image = decode(harness, reply)
+        assert image.mode == "RGB" and image.tobytes() == pattern(100, 50, 320, 200)
+        # Scaled after the crop: a 640x400 page as a 320x200 still, scale 2.
+        scaled = call_ok(harness, "screen", display=xvfb.name, rect=[0, 0, 640, 400], maxWidth=320,
+                         maxHeight=200).body
+        assert (scaled["imageWidth"], scaled["imageHeight"], scaled["scale"]) == (320, 200, 2.0)
+        # Still protocol 1: the session's own ops say so; a rect off the screen is refused.
+        assert harness.call("cursor").error == "no display: this rig has no X session"
+        off = harness.call("screen", display=xvfb.name, rect=[900, 0, 320, 200])
+        assert not off.ok and off.error == "rect [900, 0, 320, 200] is outside the 1024x768 screen"
+        for fields, error in (({"display": "elsewhere:0"}, "display must be a local X display such as :99"),
+                              ({"display": 99}, "display must be a local X display such as :99"),
+                              ({"rect": [0, 0, 0, 10]}, "rect: x and y must be 0 to 16383, width and height "
+                                                        "1 to 16384"),
+                              ({"rect": [0, 0, 10]}, "rect must be [x, y, width, height], four integers"),
+                              ({"rect": [0, 0, 10, True]}, "rect must be [x, y, width, height], four integers")):
+            got = harness.call("screen", **fields)
+            assert not got.ok and got.error == f"bad request: {error}", (fields, got.error)
+    finally:
+        harness.close()
+        painter.communicate(timeout=10)  # its stdin closed: it ends; its pipes closed
+        xvfb.stop()
+    assert harness.garbage() == []
