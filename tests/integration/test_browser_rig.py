@@ -369,6 +369,26 @@ def test_a_dropped_file_arrives_as_a_real_drop_event(browser: World, tmp_path: P
     assert owner == "browser"
 
 
+#: The first rig's own random values (the page's ``crypto.getRandomValues`` and the kernel's
+#: ``/dev/urandom``), read before its engine is killed: the pooled rig's must differ.
+FIRST_RANDOM: dict[str, str] = {}
+
+RANDOM_KERNEL = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
+
+
+def random_values(srv: Server, rig: str) -> dict[str, str]:
+    act(srv, rig, action="navigate", url=f"{SITE}/random.html")
+    page = act(srv, rig, action="extract", kind="dom")["title"]["text"]
+    assert len(page.split("-")) == 4, page
+    return {"page": page, "kernel": sh(srv, rig, RANDOM_KERNEL).strip()}
+
+
+def test_the_page_and_the_kernel_draw_random_values(browser: World) -> None:
+    srv, rig, _world = browser
+    FIRST_RANDOM.update(random_values(srv, rig))
+    assert len(FIRST_RANDOM["kernel"]) == 32 and random_values(srv, rig) != FIRST_RANDOM
+
+
 def _recv(ws: Any, want: str, within_s: float = 60) -> dict[str, Any]:
     end = time.monotonic() + within_s
     while True:
@@ -453,26 +473,6 @@ def test_the_engine_is_quiet_at_rest(browser: World) -> None:
     asked = {"denied.test", "198.51.100.20", "198.51.100.20:80"}
     assert set(refusals) - asked <= {"redirector.gvt1.com"}, sorted(refusals.items())
     assert refusals.get("redirector.gvt1.com", 0) <= 8, sorted(refusals.items())
-
-
-#: The first rig's own random values (the page's ``crypto.getRandomValues`` and the kernel's
-#: ``/dev/urandom``), read before its engine is killed: the pooled rig's must differ.
-FIRST_RANDOM: dict[str, str] = {}
-
-RANDOM_KERNEL = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
-
-
-def random_values(srv: Server, rig: str) -> dict[str, str]:
-    act(srv, rig, action="navigate", url=f"{SITE}/random.html")
-    page = act(srv, rig, action="extract", kind="dom")["title"]["text"]
-    assert len(page.split("-")) == 4, page
-    return {"page": page, "kernel": sh(srv, rig, RANDOM_KERNEL).strip()}
-
-
-def test_the_page_and_the_kernel_draw_random_values(browser: World) -> None:
-    srv, rig, _world = browser
-    FIRST_RANDOM.update(random_values(srv, rig))
-    assert len(FIRST_RANDOM["kernel"]) == 32 and random_values(srv, rig) != FIRST_RANDOM
 
 
 def test_an_engine_that_exits_fails_the_rig_saying_so(browser: World) -> None:
