@@ -34,7 +34,7 @@ from rigd_agent.x11 import (
     report_targets,
     x_error_text,
 )
-from rigd_agent.xgrab import RawGrabber, XGrabError
+from rigd_agent.xgrab import OffScreen, RawGrabber, XGrabError, off_screen
 
 T = TypeVar("T")
 
@@ -193,15 +193,18 @@ class Desktop:
         x, y, w, h = rect
         if self.raw is None:
             image = self.grab()
-            if x + w > image.size[0] or y + h > image.size[1]:
-                raise Refused(f"rect {list(rect)} is outside the {image.size[0]}x{image.size[1]} screen")
+            why = off_screen(rect, *image.size)
+            if why is not None:
+                raise Refused(why)
             return image.crop((x, y, x + w, y + h))
         from PIL import Image
 
         try:
             data, _sw, _sh = self.raw.grab(x, y, w, h)
+        except OffScreen as exc:
+            raise Refused(str(exc)) from None
         except XGrabError as exc:
-            raise Refused(str(exc) if str(exc).startswith("rect ") else f"display not ready: {exc}") from None
+            raise Refused(f"display not ready: {exc}") from None
         return Image.frombytes("RGB", (w, h), bytes(data), "raw", "BGRX")
 
     def grab(self) -> Any:

@@ -29,6 +29,18 @@ class XGrabError(Exception):
     """The display could not be read (its text says why)."""
 
 
+class OffScreen(XGrabError):
+    """The rectangle asked for is not inside the screen."""
+
+
+def off_screen(rect: tuple[int, int, int, int], width: int, height: int) -> str | None:
+    """Why ``rect`` cannot be read from a ``width``x``height`` screen, or None when it can."""
+    x, y, w, h = rect
+    if x + w > width or y + h > height:
+        return f"rect {list(rect)} is outside the {width}x{height} screen"
+    return None
+
+
 def _pad4(n: int) -> int:
     return (n + 3) & ~3
 
@@ -107,9 +119,9 @@ class RawGrabber:
             try:
                 if self._sock is None:
                     self._sock = self._connect()
-                if x + w > self.width or y + h > self.height:
-                    raise XGrabError(f"rect [{x}, {y}, {w}, {h}] is outside the "
-                                     f"{self.width}x{self.height} screen")
+                why = off_screen((x, y, w, h), self.width, self.height)
+                if why is not None:
+                    raise OffScreen(why)
                 sock = self._sock
                 request = struct.pack("<BBHIhhHHI", GET_IMAGE, Z_PIXMAP, 5, self.root, x, y, w, h, 0xFFFFFFFF)
                 sock.sendall(request)

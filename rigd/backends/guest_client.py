@@ -21,7 +21,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 import trio
 
@@ -36,6 +36,7 @@ from rigd.protocols.guest import (
     Reply,
     Stream,
 )
+from rigd.verbs._args import is_int
 
 EARLY_PTY_LIMIT = 256 * 1024
 
@@ -312,12 +313,6 @@ class AgentScreen:
     scale: float
     cursor: tuple[int, int] | None
     cursor_marked: bool
-    #: The agent's own (grab, scale, encode, total: ms), for benchmarks; never relied on.
-    timings: dict[str, int]
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 async def request_screen(channel: GuestConnection, *, timeout: float, max_w: int, max_h: int,
@@ -345,7 +340,7 @@ async def request_screen(channel: GuestConnection, *, timeout: float, max_w: int
         data = b"".join(parts)
     dw, dh, iw, ih = (body.get(k) for k in ("displayWidth", "displayHeight", "imageWidth", "imageHeight"))
     scale = body.get("scale")
-    if not (_is_int(dw) and _is_int(dh) and _is_int(iw) and _is_int(ih)
+    if not (is_int(dw) and is_int(dh) and is_int(iw) and is_int(ih)
             and 0 < iw <= max_w and 0 < ih <= max_h and 0 < dw <= 16384 and 0 < dh <= 16384
             and isinstance(scale, int | float) and 0 < scale < 1000):
         raise GuestError("the agent's screen reply has no valid sizes")
@@ -353,11 +348,6 @@ async def request_screen(channel: GuestConnection, *, timeout: float, max_w: int
         raise GuestError("the agent's screen data is incomplete")
     cursor = body.get("cursor")
     point = None
-    if isinstance(cursor, list) and len(cursor) == 2 and all(_is_int(c) for c in cursor):
+    if isinstance(cursor, list) and len(cursor) == 2 and all(is_int(c) for c in cursor):
         point = (int(cursor[0]), int(cursor[1]))
-    timings = body.get("timings")
-    kept = ({k: v for k, v in timings.items() if isinstance(k, str) and _is_int(v)}
-            if isinstance(timings, dict) else {})
-    return AgentScreen(data, dw, dh, iw, ih, float(scale), point, body.get("cursorMarked") is True,
-                       dict(list(kept.items())[:8]))
-
+    return AgentScreen(data, dw, dh, iw, ih, float(scale), point, body.get("cursorMarked") is True)
