@@ -1,9 +1,11 @@
 #!/bin/sh
 # mmdebstrap --customize-hook for a browser image: runs on the host as root
-# with the image root as $1 and the engine as $2 (docs/images.md, "Browser image").
+# with the image root as $1, the engine as $2 and the builder's Python as $3
+# (docs/images.md, "Browser image").
 set -eu
 root="$1"
 engine="$2"
+python="${3:-python3}"
 in_root() { chroot "$root" "$@"; }
 
 # The browser runs as this user, never as root (the agent is root): uid 1000,
@@ -31,6 +33,12 @@ rm -f "$root/etc/resolv.conf"
 # Empty, not absent: each rig's own boot may write one (clones must differ).
 : >"$root/etc/machine-id"
 rm -f "$root/var/lib/dbus/machine-id"
+
+# Firefox's startup cache, compiled once here (natively) and copied into each rig's fresh
+# profile by the launch script: its first session does not compile Firefox's own code again.
+if [ "$engine" = firefox-esr ]; then
+	"$python" "$(dirname "$0")/firefox_seed.py" "$root"
+fi
 
 # Trim what a rig never reads and what makes builds differ.
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/debconf/*-old

@@ -137,6 +137,8 @@ class BrowserDriver:
     profile_dir: str | None = None
     #: Seconds from the engine's start to DevTools answering.
     devtools_s: float | None = None
+    #: Seconds from DevTools answering to the page's driver ready (the session, the start page).
+    session_s: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     #: The page's driver while the engine's connection is up.
     page: PageDriver | None = None
@@ -215,12 +217,14 @@ class BrowserDriver:
             progress("connecting to DevTools")
             path = BIDI_PATH if self.version is None else self.version.browser_path
             await self.machine.start_task(self._hold, path)
+            self.session_s = trio.current_time() - t0 - self.devtools_s
         if scope.cancelled_caught:
             raise BackendError(f"{self.engine.value} DevTools did not answer within {int(left_s)} s",
                                console=self.machine.console_tail(1024))
         browser = self.browser
         self.machine.log.info("browser ready", extra={"engine": self.engine.value, "browser": browser,
-                                                      "devtools_s": round(self.devtools_s or 0, 2)})
+                                                      "devtools_s": round(self.devtools_s or 0, 2),
+                                                      "session_s": round(self.session_s or 0, 2)})
 
     async def _hold(self, path: str, *, task_status: trio.TaskStatus[None]) -> None:
         """The DevTools connection for the machine's life (started in its nursery).

@@ -151,6 +151,8 @@ def chromium_launch_script(*, port: int = GUEST_DEVTOOLS_PORT, sandbox: bool = T
     ])
 
 
+#: Where a firefox-esr image keeps the startup cache its build compiled (images/browser/firefox_seed.py).
+FIREFOX_SEED = "/usr/lib/rigd/firefox-seed"
 #: Firefox's remote agent: WebDriver BiDi's WebSocket path.
 BIDI_PATH = "/session"
 
@@ -165,6 +167,9 @@ def firefox_launch_script(*, port: int = GUEST_DEVTOOLS_PORT) -> str:
         "set -eu",
         "p=$(mktemp -d /tmp/rigd-profile.XXXXXXXX)",
         'mkdir "$p/profile"',
+        # The image's startup cache (images/browser/firefox_seed.py), if it has one: Firefox's
+        # own code compiled at build time, nothing of another profile's.
+        f"if [ -d {FIREFOX_SEED} ]; then cp -R {FIREFOX_SEED}/. \"$p/profile/\"; fi",
         f"printf '%s' {shlex.quote(user_js())} >\"$p/profile/user.js\"",
         f"printf '%s\\n' {shlex.quote(START_PAGE)} >\"$p/start.html\"",
         f'chown -R {u}:{u} "$p"',

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import enum
+import shlex
+import sys
 from pathlib import Path
 
 from rigd.errors import RigdError
@@ -29,6 +31,11 @@ class Engine(enum.StrEnum):
 DEFAULT_ENGINE = Engine.CHROMIUM
 
 
+def engine_files(d: Path, engine: Engine) -> tuple[Path, ...]:
+    """Recipe files only one engine's build reads (so only its key hashes them)."""
+    return (d / "firefox_seed.py",) if engine is Engine.FIREFOX_ESR else ()
+
+
 def browser_image(r: Recipes, engine: Engine, cache_dir: Path) -> OciImage:
     d = r.browser_dir
     recipe = copy.deepcopy(load_recipe_file(d / "recipe.json"))
@@ -44,10 +51,12 @@ def browser_image(r: Recipes, engine: Engine, cache_dir: Path) -> OciImage:
         kind=f"browser-{engine.value}",
         recipe_dir=d,
         packages=(*read_packages(d / "packages.txt"), *read_packages(engine_list)),
-        key_files=(d / "recipe.json", d / "packages.txt", d / "customize.sh", engine_list),
+        key_files=(d / "recipe.json", d / "packages.txt", d / "customize.sh", engine_list,
+                   *engine_files(d, engine)),
         recipe=recipe,
         builders=("terminal", "oci", "recipes", "browser_recipe"),
-        hook_args=(engine.value,),
+        # The interpreter a hook's Python helper runs on (images/browser/firefox_seed.py).
+        hook_args=(engine.value, shlex.quote(sys.executable)),
         title=f"rigd browser ({engine.value})",
         debs_dir=cache_dir / "browser-debs" / engine.value,
         key_extra=(engine.value,),

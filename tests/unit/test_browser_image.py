@@ -5,14 +5,17 @@ tests/integration/test_browser_image.py)."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from rigd.backends.browser import IMAGE_ENGINE
 from rigd.backends.browser_scripts import (
+    FIREFOX_SEED,
     chromium_launch_script,
     devtools_probe_script,
     engine_watch_script,
@@ -59,7 +62,8 @@ def test_every_engine_has_its_own_image_with_the_shared_packages(r: Recipes, tmp
         assert img.kind == f"browser-{engine.value}"
         assert {"pulseaudio", "ffmpeg", "curl", engine.value} <= set(img.packages)
         assert not ({e.value for e in Engine} - {engine.value}) & set(img.packages)
-        assert img.hook_args == (engine.value,)
+        # the engine, then the builder's own interpreter (firefox_seed.py runs on it)
+        assert img.hook_args == (engine.value, shlex.quote(sys.executable))
         assert img.recipe["config"]["Labels"]["dev.rigd.engine"] == engine.value
         assert img.debs_dir == tmp_path / "browser-debs" / engine.value
 
@@ -77,6 +81,25 @@ def test_an_engine_list_changes_only_that_engines_key(r: Recipes, tmp_path: Path
     (c.browser_dir / "packages.txt").write_text((c.browser_dir / "packages.txt").read_text() + "jq\n")
     assert all(image_key(c, browser_image(c, e, tmp_path)) != after[e] for e in Engine)
     assert terminal_key(c) == term  # the terminal image does not hash the browser recipe
+
+
+def test_the_firefox_seed_script_is_in_firefoxs_key_only(r: Recipes, tmp_path: Path) -> None:
+    c = copy_recipes(r, tmp_path / "co")
+    before = {e: image_key(c, browser_image(c, e, tmp_path)) for e in Engine}
+    with (c.browser_dir / "firefox_seed.py").open("a") as f:
+        f.write("# changed\n")
+    after = {e: image_key(c, browser_image(c, e, tmp_path)) for e in Engine}
+    assert after[Engine.FIREFOX_ESR] != before[Engine.FIREFOX_ESR]
+    assert after[Engine.CHROMIUM] == before[Engine.CHROMIUM] and after[Engine.WEBKIT] == before[Engine.WEBKIT]
+
+
+def test_a_firefox_profile_starts_from_the_images_seed_then_rigds_prefs() -> None:
+    lines = firefox_launch_script().splitlines()
+    copy = next(i for i, line in enumerate(lines) if FIREFOX_SEED in line)
+    assert lines[copy] == f'if [ -d {FIREFOX_SEED} ]; then cp -R {FIREFOX_SEED}/. "$p/profile/"; fi'
+    # rigd's user.js is written after the copy (a seed never overrides it), then all is the user's.
+    assert copy < next(i for i, line in enumerate(lines) if 'user.js"' in line)
+    assert copy < next(i for i, line in enumerate(lines) if line.startswith("chown -R"))
 
 
 def test_an_unknown_engine_is_a_field_error_never_the_default() -> None:
@@ -107,7 +130,7 @@ def test_mmdebstrap_keeps_debs_runs_the_hook_with_the_engine_and_terminal_is_unc
     hooks = [a for a in argv if a.startswith(("--setup-hook", "--customize-hook"))]
     assert hooks[1] == f"--setup-hook=sync-in {tmp_path / 'in'} /var/cache/apt/archives/"
     assert hooks[-2] == f"--customize-hook=sync-out /var/cache/apt/archives {tmp_path / 'out'}"
-    assert hooks[-1].endswith('customize.sh "$1" chromium')
+    assert hooks[-1].endswith(f'customize.sh "$1" chromium {shlex.quote(sys.executable)}')
     assert argv[-1] == str(r.sources)
     # The terminal's command line is what it was before images learned engines.
     t = mmdebstrap_argv(r, terminal_image(r), tmp_path / "t.tar")
