@@ -57,7 +57,7 @@ import io
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 
 import trio
 from PIL import Image
@@ -81,6 +81,7 @@ from rigd.model import AGENT_STILL_MAX, BACKEND_OF, DESKTOP_SESSION_USER, Accel,
 from rigd.protocols import input as qin
 from rigd.protocols.guest import PROTO_DESKTOP, DamageNotice, Stream
 from rigd.verbs import computer as cv
+from rigd.verbs._args import is_int
 from rigd.verbs.keys import KeyCombo
 
 if TYPE_CHECKING:
@@ -320,7 +321,7 @@ class DesktopDriver:
 
     def _note_display(self, body: dict[str, Any]) -> None:
         w, h = body.get("width"), body.get("height")
-        if _is_int(w) and _is_int(h) and 1 <= w <= 16384 and 1 <= h <= 16384:
+        if is_int(w) and is_int(h) and 1 <= w <= 16384 and 1 <= h <= 16384:
             self.display = (w, h)
 
     # -- input through QMP ---------------------------------------------------------------
@@ -357,7 +358,7 @@ class DesktopDriver:
         w, h = self.display
         for event in events:
             data = event.get("data") if event.get("type") == "abs" else None
-            if isinstance(data, dict) and _is_int(data.get("value")):
+            if isinstance(data, dict) and is_int(data.get("value")):
                 value = data["value"]
                 if data.get("axis") == "x":
                     x, moved = min(w - 1, value * (w - 1) // qin.AXIS_MAX), True
@@ -415,7 +416,7 @@ class DesktopDriver:
             # the value it refused, and that value is a typed character's keysym.
             raise GuestError(f"the guest agent could not bind keys for the text (keymap_bind refused); "
                              f"the first {step.typed_before} keys of it were typed") from None
-        if not (_is_int(body.get("bound")) and body["bound"] == n):
+        if not (is_int(body.get("bound")) and body["bound"] == n):
             raise GuestError(f"the guest agent bound {str(body.get('bound'))[:20]} of {n} keys; "
                              f"the first {step.typed_before} keys of the text were typed")
 
@@ -650,7 +651,7 @@ class DesktopDriver:
             return None
         body = await self.m.channel().request("cursor", timeout=self.m.grace)
         cur = body.get("cursor")
-        if isinstance(cur, list) and len(cur) == 2 and all(_is_int(c) for c in cur):
+        if isinstance(cur, list) and len(cur) == 2 and all(is_int(c) for c in cur):
             self._note_display({"width": body.get("displayWidth"), "height": body.get("displayHeight")})
             x, y = int(cur[0]), int(cur[1])
             if 0 <= x < self.display[0] and 0 <= y < self.display[1]:
@@ -904,10 +905,6 @@ def still_json(still: Still, source: str) -> dict[str, Any]:
         "note": "scale is display pixels per image pixel: image point (x, y) is display point "
                 "(x*scale, y*scale)",
     }
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 __all__ = ["DesktopDriver", "DesktopImages", "DesktopRecipe", "desktop_backend", "still_json"]

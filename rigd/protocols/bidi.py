@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeGuard
+from typing import Any
 
 from rigd.protocols.cdp import (
     MAX_ERROR_CHARS,
@@ -38,15 +38,12 @@ from rigd.protocols.cdp import (
     Event,
     ProtocolViolation,
     Reply,
+    is_int,
 )
 
 _METHOD = re.compile(r"[A-Za-z]{1,40}\.[A-Za-z]{1,80}")
 #: BiDi's error code words (``no such frame``, ``invalid argument``…): lower case and spaces.
 _ERROR_CODE = re.compile(r"[a-z ]{1,60}")
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class BiDiProtocol:
@@ -94,7 +91,7 @@ class BiDiProtocol:
             text = msg.get("message")
             return ProtocolViolation("the browser could not read a command: "
                                      + (text[:200] if isinstance(text, str) else "(no message)"))
-        if not (_is_int(cid) and 0 < cid <= MAX_ID):
+        if not (is_int(cid) and 0 < cid <= MAX_ID):
             return ProtocolViolation("id is not a positive 31-bit integer")
         if kind == "success":
             result = msg.get("result")

@@ -102,7 +102,8 @@ class ProtocolViolation:
 CDPMessage = Reply | ErrorReply | Event | ProtocolViolation
 
 
-def _is_int(value: object) -> TypeGuard[int]:
+def is_int(value: object) -> TypeGuard[int]:
+    """A JSON integer (``true`` is a boolean, not 1); bidi.py reads ids with it too."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -160,14 +161,14 @@ class CDPProtocol:
             return sid
         if "id" in msg:
             cid = msg["id"]
-            if not (_is_int(cid) and 0 < cid <= MAX_ID):
+            if not (is_int(cid) and 0 < cid <= MAX_ID):
                 return ProtocolViolation("id is not a positive 31-bit integer")
             if "error" in msg:
                 err = msg["error"]
                 if not isinstance(err, dict):
                     return ProtocolViolation(f"error of id={cid} is not an object")
                 code, text = err.get("code"), err.get("message")
-                return ErrorReply(cid, sid, code if _is_int(code) and abs(code) < 2**31 else 0,
+                return ErrorReply(cid, sid, code if is_int(code) and abs(code) < 2**31 else 0,
                                   text[:MAX_ERROR_CHARS] if isinstance(text, str) else "(no message)")
             result = msg.get("result")
             if not isinstance(result, dict):
@@ -205,7 +206,7 @@ class Fields:
 
     def integer(self, name: str, lo: int = -(2**53), hi: int = 2**53) -> int:
         value = self._d.get(name)
-        if not _is_int(value) or not lo <= value <= hi:
+        if not is_int(value) or not lo <= value <= hi:
             raise self._bad(name, f"is not an integer in {lo}..{hi}")
         return int(value)
 
@@ -303,5 +304,5 @@ def parse_active_port(text: str) -> ActivePort:
 __all__ = [
     "MAX_MESSAGE_CHARS", "ActivePort", "CDPClosed", "CDPCommandFailed", "CDPError", "CDPMessage",
     "CDPProtocol", "CDPProtocolError", "CDPTimeout", "ErrorReply", "Event", "Fields",
-    "ProtocolViolation", "Reply", "WireProtocol", "parse_active_port", "read",
+    "ProtocolViolation", "Reply", "WireProtocol", "is_int", "parse_active_port", "read",
 ]
