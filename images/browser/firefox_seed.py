@@ -6,10 +6,11 @@ modules) from ``omni.ja``, most of a rig's first ``session.new`` under TCG. Fire
 that work in the profile's ``startupCache/`` (bytecode of its own code, keyed by the build:
 ``compatibility.ini``). This script starts the image's Firefox once, natively, in the
 image root (chroot, as the unprivileged ``browser`` user, a profile in the root's ``/tmp``),
-drives one BiDi session (new session, the start page, a script, close) so those modules are
-compiled, and keeps the profile's ``startupCache/`` and ``compatibility.ini`` under
-``FIREFOX_SEED`` (rigd.backends.browser_scripts); the launch script copies them into each
-fresh profile.
+drives one BiDi session (new session, the start page, a script, a capture; over the
+builder's ``websockets``) so those modules are compiled, waits for the script preloader's
+caches, closes Firefox (its exit writes the startup cache) and keeps the profile's
+``startupCache/`` and ``compatibility.ini`` under ``FIREFOX_SEED``
+(rigd.backends.browser_scripts); the launch script copies them into each fresh profile.
 
 Nothing else of the profile is kept: its databases (``key4.db``'s key, places, cookies),
 ``prefs.js`` (client ids) and anything else a run draws at random stay each rig's own.
@@ -21,19 +22,22 @@ while it runs and is printed when the seeding fails.
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import itertools
 import json
 import os
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
 
 from rigd.backends.browser_scripts import FIREFOX_SEED as SEED_DIR
 from rigd.browser.firefox import user_js
@@ -43,79 +47,22 @@ KEPT = ("startupCache", "compatibility.ini")
 #: The seeding run's home and profile: the image root's /tmp (removed afterwards), not the host's.
 WORK = "/tmp/rigd-seed"  # noqa: S108
 TIMEOUT_S = 120.0
+#: What the script preloader writes once startup has gone idle (the seed waits for them).
+PRELOADED = ("scriptCache.bin", "scriptCache-child.bin")
+_IDS = itertools.count(1)
 
 
-class WebSocket:
-    """The least of RFC 6455 a client needs for one BiDi session (text frames, masked)."""
-
-    def __init__(self, port: int, path: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.sock.recv(4096)
-            if not chunk:
-                raise OSError("the remote agent closed the handshake")
-            head += chunk
-        status = head.split(b"\r\n", 1)[0]
-        if b" 101 " not in status + b" ":
-            raise OSError(f"the remote agent answered {status!r}")
-        self.buf = head.split(b"\r\n\r\n", 1)[1]
-        self.next_id = 0
-
-    def _read(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise OSError("the remote agent closed the connection")
-            self.buf += chunk
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def send(self, text: str) -> None:
-        data = text.encode()
-        mask = os.urandom(4)
-        n = len(data)
-        head = struct.pack("!B", 0x81)
-        if n < 126:
-            head += struct.pack("!B", 0x80 | n)
-        elif n < 1 << 16:
-            head += struct.pack("!BH", 0x80 | 126, n)
-        else:
-            head += struct.pack("!BQ", 0x80 | 127, n)
-        self.sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
-
-    def recv(self) -> str:
-        parts = b""
-        while True:
-            b0, b1 = self._read(2)
-            n = b1 & 0x7F
-            if n == 126:
-                (n,) = struct.unpack("!H", self._read(2))
-            elif n == 127:
-                (n,) = struct.unpack("!Q", self._read(8))
-            payload = self._read(n)
-            if b0 & 0x0F == 0x8:
-                raise OSError("the remote agent closed the session")
-            if b0 & 0x0F in (0x9, 0xA):
-                continue
-            parts += payload
-            if b0 & 0x80:
-                return parts.decode()
-
-    def call(self, method: str, params: dict[str, object]) -> dict[str, object]:
-        self.next_id += 1
-        self.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.recv())
-            if msg.get("id") == self.next_id:
-                if msg.get("type") == "error":
-                    raise OSError(f"{method}: {msg.get('error')}: {msg.get('message')}")
-                result = msg.get("result")
-                return result if isinstance(result, dict) else {}
+def call(ws: ClientConnection, method: str, params: dict[str, object]) -> dict[str, object]:
+    """One BiDi command and its answer (events in between are skipped)."""
+    ident = next(_IDS)
+    ws.send(json.dumps({"id": ident, "method": method, "params": params}))
+    while True:
+        msg = json.loads(ws.recv(timeout=TIMEOUT_S))
+        if msg.get("id") == ident:
+            if msg.get("type") == "error":
+                raise OSError(f"{method}: {msg.get('error')}: {msg.get('message')}")
+            result = msg.get("result")
+            return result if isinstance(result, dict) else {}
 
 
 def free_port() -> int:
@@ -125,17 +72,28 @@ def free_port() -> int:
         return port
 
 
-def connect(port: int, proc: subprocess.Popen[bytes]) -> WebSocket:
+def connect(port: int, proc: subprocess.Popen[bytes]) -> ClientConnection:
     deadline = time.monotonic() + TIMEOUT_S
     while True:
         if proc.poll() is not None:
             raise OSError(f"Firefox exited ({proc.returncode}) before its remote agent answered")
         try:
-            return WebSocket(port, "/session")
+            return ws_connect(f"ws://127.0.0.1:{port}/session", max_size=None, open_timeout=TIMEOUT_S)
         except OSError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def wait_preloaded(cache: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Until the script preloader has written its caches (it does once startup is idle)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not all((cache / name).exists() for name in PRELOADED):
+        if proc.poll() is not None:
+            raise OSError(f"Firefox exited ({proc.returncode}) before writing {', '.join(PRELOADED)}")
+        if time.monotonic() > deadline:
+            raise OSError(f"Firefox wrote no {', '.join(PRELOADED)} within {TIMEOUT_S:g} s")
+        time.sleep(0.1)
 
 
 def mounted(root: Path) -> list[Path]:
@@ -177,22 +135,21 @@ def seed(root: Path) -> None:
                  "--profile", f"{WORK}/profile", f"file://{WORK}/start.html"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         try:
-            ws = connect(port, proc)
-            ws.call("session.new", {"capabilities": {}})
-            tree = ws.call("browsingContext.getTree", {})
-            contexts = tree.get("contexts")
-            assert isinstance(contexts, list) and contexts, "no browsing context"
-            ctx = contexts[0]["context"]
-            ws.call("browsingContext.navigate", {"context": ctx, "url": f"file://{WORK}/start.html",
-                                                 "wait": "complete"})
-            ws.call("script.evaluate", {"expression": "document.title", "target": {"context": ctx},
-                                        "awaitPromise": False})
-            ws.call("browsingContext.captureScreenshot", {"context": ctx})
-            # The script preloader writes its cache once startup has gone idle; then a clean
-            # exit writes the startup cache.
-            time.sleep(5)
-            with contextlib.suppress(OSError):  # the close may end the connection before its answer
-                ws.call("browser.close", {})
+            with connect(port, proc) as ws:
+                call(ws, "session.new", {"capabilities": {}})
+                contexts = call(ws, "browsingContext.getTree", {}).get("contexts")
+                assert isinstance(contexts, list) and contexts, "no browsing context"
+                ctx = contexts[0]["context"]
+                call(ws, "browsingContext.navigate", {"context": ctx, "url": f"file://{WORK}/start.html",
+                                                      "wait": "complete"})
+                call(ws, "script.evaluate", {"expression": "document.title", "target": {"context": ctx},
+                                             "awaitPromise": False})
+                call(ws, "browsingContext.captureScreenshot", {"context": ctx})
+                wait_preloaded(profile / "startupCache", proc)
+                # A clean exit writes the startup cache; the close may end the connection
+                # before its answer comes.
+                with contextlib.suppress(OSError, ConnectionClosed):
+                    call(ws, "browser.close", {})
             proc.wait(timeout=TIMEOUT_S)
         finally:
             if proc.poll() is None:
