@@ -39,6 +39,25 @@ class NetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ForkImage:
+    """A running machine frozen for a fork (``rig.fork``): its RAM (``memory``, zstd) and a
+    copy of its disk overlay (``disk``), taken in one pause, in a directory of their own
+    (``dir``) that the manager removes once every copy has restored from it.
+
+    ``spec`` is the parent machine's own spec: a copy starts QEMU with the same devices,
+    memory and display (only its id, network and files are its own)."""
+
+    dir: Path
+    disk: Path
+    memory: Path
+    spec: MachineSpec
+    parent: str
+    #: How long the parent's vCPUs stood still, and what QEMU sent (for the audit row and bench).
+    paused_s: float = 0.0
+    ram_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class MachineSpec:
     rig_id: str
     surface: Surface
@@ -57,6 +76,8 @@ class MachineSpec:
     #: A terminal rig's custom image: a registry reference (a workspace's
     #: ``rigs.smolvm.execImage``), pulled on the host if absent; None: the built-in image.
     image: str | None = None
+    #: Start as a copy of a frozen machine (``rig.fork``) instead of booting or a warm start.
+    fork: ForkImage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,3 +220,9 @@ class MachineBackend(Protocol):
     def open_machine(
         self, spec: MachineSpec, progress: Callable[[str], None]
     ) -> AbstractAsyncContextManager[Machine]: ...
+
+    async def freeze(self, machine: Machine) -> ForkImage:
+        """Pause ``machine`` for as short a time as possible, keep its RAM and disk in a
+        :class:`ForkImage` and resume it; a machine this backend cannot fork is a
+        :class:`~rigd.errors.Conflict`. The caller removes ``ForkImage.dir``."""
+        ...

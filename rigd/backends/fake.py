@@ -6,7 +6,9 @@ tests of the live view's transport, not of what it shows)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -15,10 +17,10 @@ from typing import Any
 
 import trio
 
-from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
+from rigd.backends.base import ExecResult, ForkImage, Frame, MachineInfo, MachineSpec
 from rigd.backends.lanes import MAX_FILE_BYTES, Clip, DropEvent, DropTarget, SavedFile
 from rigd.backends.recipe import TERMINAL_DROPS
-from rigd.errors import BackendError, FieldError
+from rigd.errors import BackendError, Conflict, FieldError
 from rigd.frames import Changes, Lane, Still
 from rigd.model import Accel, Backend, Surface
 from rigd.protocols.input import Step
@@ -213,6 +215,22 @@ class FakeBackend:
         #: grouped, once the machine's ``fault_now`` is set), ``"restore"`` (a bug while the
         #: machine comes up, as a snapshot restore could have).
         self.fault: str | None = None
+        #: ``freeze`` refuses (a backend that cannot fork) when set.
+        self.refuse_fork: str | None = None
+        self.frozen: list[ForkImage] = []
+
+    async def freeze(self, machine: Any) -> ForkImage:
+        """A frozen fake: an empty directory (the manager removes it) and the parent's spec."""
+        await trio.lowlevel.checkpoint()
+        if self.refuse_fork:
+            raise Conflict(self.refuse_fork)
+        assert isinstance(machine, FakeMachine)
+        made = await trio.to_thread.run_sync(functools.partial(tempfile.mkdtemp, prefix="rigd-fakefork-"))
+        into = Path(made)
+        image = ForkImage(dir=into, disk=into / "disk.qcow2", memory=into / "memory.zst",
+                          spec=machine.spec, parent=machine.spec.rig_id, paused_s=0.01, ram_bytes=1 << 20)
+        self.frozen.append(image)
+        return image
 
     @asynccontextmanager
     async def open_machine(

@@ -14,6 +14,10 @@ How a rig comes up (each step is what ``phaseDetail`` says while it runs):
 5. ``restoring snapshot`` (warm) or ``booting kernel`` (cold), then ``waiting
    for the guest agent`` and whatever the surface waits for.
 
+A fork's copy (``MachineSpec.fork``, :meth:`QemuBackend.freeze`) takes a copy of the
+frozen parent's disk overlay instead of step 4 and restores the parent's RAM in
+step 5; it never falls back to a boot.
+
 A warm start that fails falls back to a cold boot (logged, and the snapshot
 is deleted); after the first cold boot of a shape with no snapshot, one is
 built in the background (:mod:`rigd.backends.warm`).
@@ -21,20 +25,23 @@ built in the background (:mod:`rigd.backends.warm`).
 
 from __future__ import annotations
 
+import functools
 import logging
+import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import trio
 
-from rigd.backends.base import MachineSpec
-from rigd.backends.confine import Identity, UidPool, make_private_dir
+from rigd.backends.base import ForkImage, Machine, MachineSpec
+from rigd.backends.confine import Identity, UidPool, give, make_private_dir
 from rigd.backends.gates import NetGate, open_gate
-from rigd.backends.layout import Layout, remove_files
+from rigd.backends.layout import Layout, remove_files, remove_tree
 from rigd.backends.qemu import QemuConfig, QemuMachine, make_overlay, open_qemu_machine
 from rigd.backends.recipe import BootRecipe, OpenPlan, RecipeSource, RigPaths, cold_plan, plan_open
+from rigd.backends.snapshot import DISK_FILE, MEMORY_FILE, Snapshot, copy_disk
 from rigd.backends.warm import SnapshotService
-from rigd.errors import BackendError, RigdError
+from rigd.errors import BackendError, Conflict, RigdError
 from rigd.model import Backend
 
 
@@ -63,6 +70,10 @@ class QemuBackend:
     ) -> AsyncIterator[QemuMachine]:
         log = logging.getLogger(f"rigd.rig.{spec.rig_id}")
         recipe = await self.recipes.recipe(spec, progress)
+        if spec.fork is not None:
+            async with self._open_fork(spec, spec.fork, recipe, log, progress) as machine:
+                yield machine
+            return
         warm = None
         if self.config.warm_starts and recipe.warm_eligible(spec):
             try:
@@ -98,6 +109,47 @@ class QemuBackend:
                                    progress) as machine:
                 if plan.warm is not None:  # none yet, or the one there failed to restore (rebuilt once)
                     self.snapshots.schedule(recipe, spec, plan.warm)
+                yield machine
+
+    async def freeze(self, machine: Machine) -> ForkImage:
+        """Freeze a running machine of this backend for ``rig.fork`` (see :class:`ForkImage`)."""
+        if not isinstance(machine, QemuMachine):
+            raise Conflict("this machine cannot be forked")
+        into = self.layout.forks_dir / f"{machine.spec.rig_id}-{secrets.token_hex(4)}"
+        await trio.to_thread.run_sync(functools.partial(into.mkdir, mode=0o700))
+        try:
+            paused, sent = await machine.freeze(into)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(remove_tree, into)
+            raise
+        machine.log.info("frozen for a fork", extra={"paused_s": round(paused, 3), "ram_bytes": sent})
+        return ForkImage(dir=into, disk=into / DISK_FILE, memory=into / MEMORY_FILE, spec=machine.spec,
+                         parent=machine.spec.rig_id, paused_s=paused, ram_bytes=sent)
+
+    @asynccontextmanager
+    async def _open_fork(
+        self, spec: MachineSpec, image: ForkImage, recipe: BootRecipe, log: logging.Logger,
+        progress: Callable[[str], None],
+    ) -> AsyncIterator[QemuMachine]:
+        """A copy of a frozen machine: the parent's disk copied (this copy's writes are its own),
+        its RAM restored, then made unique (machine-id, RNG, MAC) as after a warm start. A
+        copy that does not restore fails saying why: it never boots something else."""
+        async with (
+            open_gate(self.config.network, spec.rig_id, spec.network, progress) as gateway,
+            self.layout.rig_files(spec.rig_id, self.uids) as (paths, identity),
+        ):
+            progress("copying the parent's disk")
+            try:
+                await trio.to_thread.run_sync(copy_disk, image.disk, paths.overlay)
+            except OSError as exc:
+                raise BackendError(f"copying the parent's disk: {exc}") from exc
+            give(paths.overlay, identity, 0o600)
+            async with open_qemu_machine(spec=spec, recipe=recipe, config=self.config, identity=identity,
+                                         paths=paths, gateway=gateway, log=log) as machine:
+                progress("restoring the parent's memory")
+                log.info("fork", extra={"parent": image.parent})
+                await machine.restore(progress, Snapshot(f"fork-of-{image.parent}", image.dir, {}))
                 yield machine
 
     @asynccontextmanager

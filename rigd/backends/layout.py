@@ -4,7 +4,9 @@
 (sockets, pidless state; 0700, owned by the rig's uid) and
 ``<dataDir>/rigs/run/<rigId>.qcow2`` its disk overlay; snapshot builds use
 ``smolvm/snap_<key16>/`` with their pid in ``smolvm/snap_<key16>.pid`` (a
-root-owned directory the QEMU uid cannot write, so the file cannot be forged).
+root-owned directory the QEMU uid cannot write, so the file cannot be forged);
+a fork's frozen parent is ``forks/<parent>-<rand>/`` (RAM and a disk copy,
+root's only) until its copies have restored.
 
 :meth:`Layout.recover` is the one call the rig manager makes at start: it
 kills what a crashed server left running (identified by pid *and* start time,
@@ -48,8 +50,11 @@ class Layout:
         rigs = data_dir / "rigs"
         self.state_dir = rigs / "smolvm"
         self.run_dir = rigs / "run"
+        #: Frozen machines of ``rig.fork`` (root's only: QEMU never opens these files).
+        self.forks_dir = rigs / "forks"
         for d in (rigs, self.state_dir, self.run_dir):
             make_shared_dir(d)
+        self.forks_dir.mkdir(mode=0o700, exist_ok=True)
 
     def rig_paths(self, rig_id: str) -> RigPaths:
         return RigPaths(self.state_dir / rig_id, self.run_dir / f"{rig_id}.qcow2")
@@ -116,7 +121,7 @@ class Layout:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(entry.name), signal.SIGKILL)
                 log.warning("killed an orphan QEMU", extra={"pid": int(entry.name)})
-        for folder in (self.state_dir, self.run_dir):
+        for folder in (self.state_dir, self.run_dir, self.forks_dir):
             if folder.is_dir():
                 for child in folder.iterdir():
                     if child.is_dir():

@@ -55,7 +55,10 @@ from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.recipe import BootRecipe, Driver, ProfileTaker, RigPaths
 from rigd.backends.ring import Ring
 from rigd.backends.snapshot import (
+    DISK_FILE,
+    MEMORY_FILE,
     Snapshot,
+    copy_disk,
     load_memory,
     rig_mac,
     rig_machine_id,
@@ -404,6 +407,40 @@ class QemuMachine:
         with trio.fail_after(120):
             return await save_memory(qmp, listen=self.rig_dir / "save.sock", owner=self.identity,
                                      out=out, zstd=self.config.zstd)
+
+    async def freeze(self, into: Path) -> tuple[float, int]:
+        """Stop the vCPUs, write the RAM to ``into``/memory.zst while the overlay is copied to
+        ``into``/disk.qcow2, resume; return (seconds paused, RAM bytes QEMU sent).
+
+        A stopped QEMU has drained and flushed its disks (``stop`` does both), so the copy is
+        the disk the saved RAM describes; no guest ``sync`` is needed, as for a migration.
+        ``cont`` after a completed migration takes the disks back. The guest clock stood
+        still meanwhile: a ``hello`` sets it again.
+        """
+        qmp, guest = self.qmp, self.guest
+        if qmp is None or guest is None:
+            raise BackendError("the machine is not running")
+        t0 = time.monotonic()
+        sent, saved = 0, False
+        await qmp.execute("stop", timeout=self.grace)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(
+                    trio.to_thread.run_sync, copy_disk, self.paths.overlay, into / DISK_FILE))
+                with trio.fail_after(120):
+                    sent = await save_memory(qmp, listen=self.rig_dir / "save.sock", owner=self.identity,
+                                             out=into / MEMORY_FILE, zstd=self.config.zstd)
+            saved = True
+        finally:
+            with trio.CancelScope(shield=True):
+                if not saved:  # a migration still running would keep the disks
+                    with contextlib.suppress(BackendError):
+                        await qmp.execute("migrate_cancel", timeout=self.grace)
+                await qmp.execute("cont", timeout=self.grace)
+        paused = time.monotonic() - t0
+        with contextlib.suppress(GuestError):
+            await guest.request("hello", timeout=self.grace, time=time.time())
+        return paused, sent
 
     async def _wait_sockets(self) -> None:
         paths = self.paths

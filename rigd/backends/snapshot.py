@@ -49,6 +49,7 @@ deleted (and rebuilt later): the rig falls back to a cold boot.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -367,6 +368,33 @@ def _pid_exists(pid: int) -> bool:
 def _unlink(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def copy_disk(src: Path, dst: Path) -> int:
+    """Copy a disk file to a new ``dst`` (0600), in the kernel where it can
+    (``copy_file_range``: a reflink on XFS/btrfs, no user-space buffers on ext4); return bytes."""
+    fd_in = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size, done = os.fstat(fd_in).st_size, 0
+            try:
+                while done < size:
+                    n = os.copy_file_range(fd_in, fd_out, size - done)
+                    if n == 0:
+                        break
+                    done += n
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                while chunk := os.pread(fd_in, 1 << 20, done):
+                    os.pwrite(fd_out, chunk, done)
+                    done += len(chunk)
+            return done
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
 
 
 def _fsync(path: Path) -> None:

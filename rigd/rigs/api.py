@@ -32,6 +32,7 @@ from rigd.rigs.params import (
     DomainParams,
     EgressParams,
     EventsParams,
+    ForkParams,
     ListParams,
     LogParams,
     OpenParams,
@@ -44,6 +45,7 @@ from rigd.rigs.params import (
     parse_domain_unset,
     parse_egress,
     parse_events,
+    parse_fork,
     parse_list,
     parse_log,
     parse_open,
@@ -288,6 +290,11 @@ class RigApi:
         return {"rigId": rig_id, "phase": rig.row.phase, "watchedUntil": iso_at(rig.watched_until),
                 "controller": self.rigs.rig_json(rig.row, rig)["controller"]}
 
+    async def fork(self, caller: Caller, params: ForkParams) -> dict[str, Any]:
+        """``rig.fork``: the copies, each as a Rig (with ``forkedFrom``)."""
+        children = await self.rigs.fork(caller, params.rig_id, params.count)
+        return {"rigs": [self.rigs.rig_json(c.row, c) for c in children]}
+
     async def park(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
         rig_id = ref.rig_id
         _row, _db, rig = await self.rigs.visible(caller, rig_id)
@@ -407,6 +414,7 @@ RIG_METHODS: dict[str, tuple[Callable[[object], Any], str]] = {
     "rig.egress": (parse_egress, "set_egress"),
     "rig.watch": (parse_rig_ref, "watch"),
     "rig.park": (parse_rig_ref, "park"),
+    "rig.fork": (parse_fork, "fork"),
     "rig.retry": (parse_rig_ref, "retry"),
     "rig.events": (parse_events, "events_since"),
     "rig.ports": (parse_rig_ref, "ports"),

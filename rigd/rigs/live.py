@@ -13,7 +13,7 @@ import trio
 
 from netgate.policy import Policy
 from netgate.proxy import AuditEvent
-from rigd.backends.base import Machine
+from rigd.backends.base import ForkImage, Machine
 from rigd.model import Phase
 from rigd.rigs.params import OpenParams
 from rigd.rigs.pools import PoolKey
@@ -82,6 +82,8 @@ class LiveRig:
     #: (the manager's clock); None once taken, or for a rig opened for a caller.
     pool_key: PoolKey | None = None
     pooled_at: float = 0.0
+    #: The frozen parent this rig starts as a copy of (``rig.fork``), until it has started.
+    fork: ForkImage | None = None
 
     @property
     def profile(self) -> str | None:

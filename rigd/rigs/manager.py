@@ -23,6 +23,7 @@ parked under a running command.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -36,8 +37,8 @@ import trio
 
 from netgate.errors import NetgateError
 from netgate.policy import Policy, build_policy
-from rigd.backends.base import ExecResult, Machine, MachineBackend, MachineSpec, NetSpec
-from rigd.backends.layout import LeftBehind
+from rigd.backends.base import ExecResult, ForkImage, Machine, MachineBackend, MachineSpec, NetSpec
+from rigd.backends.layout import LeftBehind, remove_tree
 from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError, from_netgate, leaves
 from rigd.model import (
     ACCEL_OF,
@@ -292,10 +293,12 @@ class RigManager:
         )
 
     async def launch(self, row: RigRow, db: WorkspaceDB, params: OpenParams, policy: Policy | None, *,
-                     caller: Caller | None = None, pool: PoolKey | None = None) -> LiveRig:
-        """Store ``row``, write the caller's ``open`` row, and start the rig's task (the machine
-        boots in the background). A pooled rig (``pool``, no caller) is kept in the pools' own
-        database and indexed under no workspace: no caller sees it until it is taken."""
+                     caller: Caller | None = None, pool: PoolKey | None = None,
+                     fork: ForkImage | None = None) -> LiveRig:
+        """Store ``row``, write the caller's ``open`` row (a fork's copy: its ``forkedFrom``
+        row), and start the rig's task (the machine boots in the background). A pooled rig
+        (``pool``, no caller) is kept in the pools' own database and indexed under no
+        workspace: no caller sees it until it is taken."""
         assert self._nursery is not None, "RigManager.run is not running"
         await self.stores.run(db.insert_rig, row)
         if pool is None:
@@ -303,15 +306,91 @@ class RigManager:
         now = self.clock()
         rig = LiveRig(row=row, db=db, params=params, last_active=now,
                       expires_at=now + params.ttl_s if pool is None else float("inf"), policy=policy,
-                      pool_key=pool, pooled_at=now)
+                      pool_key=pool, pooled_at=now, fork=fork)
         self.live[row.id] = rig
         if caller is not None:
             if caller.actor_kind == "agent":
                 rig.last_agent = caller.actor_id
-            await self.audit_event(rig, caller, "open", {"surface": row.surface, "memoryMb": row.memory_mb,
-                                                              "vcpus": row.vcpus})
+            if fork is not None:
+                await self.audit_event(rig, caller, "forkedFrom", {
+                    "rigId": fork.parent, "surface": row.surface, "memoryMb": row.memory_mb,
+                    "vcpus": row.vcpus, "pausedMs": round(fork.paused_s * 1000)})
+            else:
+                await self.audit_event(rig, caller, "open", {"surface": row.surface,
+                                                            "memoryMb": row.memory_mb, "vcpus": row.vcpus})
         await self._nursery.start(self._rig_task, rig, self.backends[params.surface])
         return rig
+
+    # -- fork (issue 29) -------------------------------------------------------------------
+
+    async def fork(self, caller: Caller, rig_id: str, count: int) -> list[LiveRig]:
+        """``count`` copies of a ready terminal or computer rig, continuing from one instant of
+        it: the parent is frozen once (RAM and a disk copy, :meth:`MachineBackend.freeze`) and
+        resumes untouched; each copy restores that state as a rig of its own, owned by the
+        caller, behind its own gate with the parent's allowlist. Returns once every copy is
+        ready or failed. Nothing is created when the budget has no room."""
+        row, db, parent = await self.visible(caller, rig_id)
+        not_ready = FieldError("rigId", f"rig {rig_id} is {row.phase}; only a ready rig can be forked"
+                                        + (" (an action wakes it)" if row.phase == Phase.PARKED.value
+                                           else ""))
+        if parent is None or parent.phase is not Phase.READY or parent.machine is None:
+            raise not_ready
+        surface = Surface(row.surface)
+        if surface not in (Surface.TERMINAL, Surface.COMPUTER):
+            raise FieldError("rigId", f"a {surface} rig cannot be forked (terminal and computer rigs can)")
+        self.check_control(parent, caller)
+        params = parent.params
+        if params is None:
+            raise Conflict(f"rig {rig_id} has no open parameters to copy")
+        params = dataclasses.replace(params, conversation=None, wait=True)
+        backend = self.backends[surface]
+        self.note_activity(parent)  # (the parent is in use: never the eviction's choice)
+        children: list[LiveRig] = []
+        image: ForkImage | None = None
+        try:
+            async with self._admission:
+                decision = plan_admission(
+                    [rig_state(r, self.clock()) for r in self.live.values()],
+                    budget_mb=self.memory_budget_mb, need_mb=count * row.memory_mb, now=self.clock(),
+                )
+                if not isinstance(decision, Admit):
+                    raise Conflict(decision.reason, field="count", budgetMb=self.memory_budget_mb)
+                for victim in decision.evict:
+                    other = self.live.get(victim)
+                    if other is not None and other is not parent:
+                        await self._reap(other, CloseReason.IDLE_TIMEOUT,
+                                         f"evicted to make room in the {self.memory_budget_mb} MB budget")
+                async with parent.state_lock:
+                    machine = parent.machine
+                    if parent.phase is not Phase.READY or machine is None:
+                        raise not_ready
+                    image = await backend.freeze(machine)
+                for _ in range(count):
+                    copy = self.new_row(params, row.workspace_id, parent.policy, created_by=caller.user.id,
+                                        image_ref=row.image_ref)
+                    copy.display_w, copy.display_h = row.display_w, row.display_h
+                    copy.exec_image = row.exec_image
+                    copy.egress = row.egress
+                    copy.forked_from = rig_id
+                    children.append(await self.launch(copy, db, params, parent.policy, caller=caller,
+                                                      fork=image))
+            await self.audit_event(parent, caller, "fork", {
+                "count": count, "rigs": [c.row.id for c in children],
+                "pausedMs": round(image.paused_s * 1000), "ramBytes": image.ram_bytes})
+        finally:
+            if image is not None:
+                # The frozen state serves the copies' restores; once each is up (or failed), it goes.
+                assert self._nursery is not None
+                self._nursery.start_soon(self._drop_fork_image, image, list(children))
+        for child in children:
+            await child.settled.wait()
+        return children
+
+    async def _drop_fork_image(self, image: ForkImage, children: Sequence[LiveRig]) -> None:
+        for child in children:
+            await child.settled.wait()
+            child.fork = None
+        await trio.to_thread.run_sync(remove_tree, image.dir)
 
     async def _rig_task(
         self, rig: LiveRig, backend: MachineBackend, *, task_status: trio.TaskStatus[None]
@@ -337,14 +416,20 @@ class RigManager:
                         own.start_soon(write_net_audit, self.stores, rig, receive)
                         network = NetSpec(policy=rig.policy, audit=net_audit_sink(rig),
                                           workspace=row.workspace_id)
-                    spec = MachineSpec(
-                        rig_id=row.id, surface=Surface(row.surface), memory_mb=row.memory_mb,
-                        vcpus=row.vcpus, network=network, accel=ACCEL_OF.get(Backend(row.backend)),
-                        display=(row.display_w, row.display_h) if row.display_w and row.display_h else None,
-                        engine=row.engine,
-                        profile=(row.created_by, rig.profile) if rig.profile else None,
-                        image=row.image_ref,
-                    )
+                    if rig.fork is not None:
+                        # A copy starts QEMU exactly as its parent did; only id, network and files differ.
+                        spec = dataclasses.replace(rig.fork.spec, rig_id=row.id, network=network,
+                                                   fork=rig.fork)
+                    else:
+                        spec = MachineSpec(
+                            rig_id=row.id, surface=Surface(row.surface), memory_mb=row.memory_mb,
+                            vcpus=row.vcpus, network=network, accel=ACCEL_OF.get(Backend(row.backend)),
+                            display=((row.display_w, row.display_h) if row.display_w and row.display_h
+                                     else None),
+                            engine=row.engine,
+                            profile=(row.created_by, rig.profile) if rig.profile else None,
+                            image=row.image_ref,
+                        )
                     with trio.CancelScope() as scope:
                         rig.scope = scope
                         task_status.started()

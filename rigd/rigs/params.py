@@ -235,6 +235,24 @@ def parse_rig_ref(raw: object) -> RigRef:
     return RigRef(ident(params, "rigId"))
 
 
+#: ``rig.fork``'s bound on copies (issue 29).
+MAX_FORK_COUNT = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ForkParams:
+    """``rig.fork {rigId, count}``: ``count`` copies (1..8, default 1) of a running rig."""
+
+    rig_id: str
+    count: int
+
+
+def parse_fork(raw: object) -> ForkParams:
+    params = obj(raw)
+    no_extra(params, {"rigId", "count"})
+    return ForkParams(ident(params, "rigId"), integer(params, "count", 1, MAX_FORK_COUNT, 1))
+
+
 @dataclass(frozen=True, slots=True)
 class ListParams:
     workspace: str

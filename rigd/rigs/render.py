@@ -23,6 +23,16 @@ TCG_NOTE = (
 )
 
 
+def fork_note(parent: str, surface: str) -> str:
+    """What a fork's copy says about itself (issue 29)."""
+    if surface == "browser":
+        return (f"forked from {parent}: a fresh engine with the parent's cookies, storage and open "
+                "tab (a running engine is never shared)")
+    return (f"forked from {parent}: processes that were running continue with the parent's memory, "
+            "as after fork(2); machine-id, MAC and kernel RNG are this rig's own, and its disk "
+            "writes are its own")
+
+
 def iso_at(epoch: float) -> str:
     return iso(datetime.fromtimestamp(epoch, UTC))
 
@@ -44,6 +54,8 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
         notes.append(row.image_note)
     if row.start_note:
         notes.append(row.start_note)
+    if row.forked_from:
+        notes.append(fork_note(row.forked_from, row.surface))
     out: dict[str, Any] = {
         "id": row.id, "workspace": row.workspace_id, "conversation": row.conversation,
         "surface": row.surface, "engine": row.engine, "backend": row.backend,
@@ -52,7 +64,7 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
         "controller": controller, "memoryMb": row.memory_mb, "vcpus": row.vcpus,
         "createdAt": row.created_at, "lastActiveAt": row.last_active_at,
         "expiresAt": row.expires_at, "closedAt": row.closed_at, "image": row.image,
-        "imageRef": row.image_ref, "start": row.start,
+        "imageRef": row.image_ref, "start": row.start, "forkedFrom": row.forked_from,
         "execImage": row.exec_image, "securityBoundary": row.accel != Accel.TCG.value,
         "pid": row.pid if row.phase != Phase.CLOSED.value else None,
         "notes": notes,

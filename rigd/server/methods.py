@@ -422,6 +422,7 @@ def build_methods(
         "secret.delete": Method(secret_delete),
         "rig.watch": rig_method("rig.watch"),
         "rig.park": rig_method("rig.park"),
+        "rig.fork": rig_method("rig.fork"),
         "rig.retry": rig_method("rig.retry"),
         "rig.events": rig_method("rig.events"),
         "rig.ports": rig_method("rig.ports"),

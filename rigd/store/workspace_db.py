@@ -125,6 +125,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE rig_sessions ADD COLUMN start TEXT;
     ALTER TABLE rig_sessions ADD COLUMN start_note TEXT;
     """,
+    # v7: the rig this one is a fork of (rig.fork, issue 29)
+    """
+    ALTER TABLE rig_sessions ADD COLUMN forked_from TEXT;
+    """,
 ]
 
 
@@ -170,6 +174,8 @@ class RigRow:
     start: str | None = None
     #: Why a pool could not serve this open (it opened warm or cold instead), or None.
     start_note: str | None = None
+    #: The rig this one was forked from (``rig.fork``), or None.
+    forked_from: str | None = None
 
 
 _RIG_COLUMNS = [f.name for f in fields(RigRow)]

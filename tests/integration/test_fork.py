@@ -1,0 +1,91 @@
+"""``rig.fork`` on real rigs (issue 29): a terminal rig with a process counting in memory is
+forked into three copies; each continues the count, shares the files from before the fork,
+not the ones written after it, and has its own machine-id and RNG."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.conftest import Server, exec_, open_terminal
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
+
+#: A process whose count lives only in its memory (a shell variable); it publishes "pid count".
+COUNTER = ("setsid sh -c 'n=0; while :; do n=$((n+1)); echo \"$$ $n\" > /tmp/count.new && "
+           "mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &")
+
+
+def sh(srv: Server, rig_id: str, command: str) -> str:
+    out = exec_(srv, rig_id, command=command)
+    assert out["exitCode"] == 0, out
+    assert out["stdout"]["untrusted"] is True
+    return str(out["stdout"]["text"])
+
+
+def count(srv: Server, rig_id: str) -> tuple[str, int]:
+    pid, n = sh(srv, rig_id, "cat /tmp/count").split()
+    return pid, int(n)
+
+
+def wait_count(srv: Server, rig_id: str, above: int, deadline_s: float = 60) -> tuple[str, int]:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        got = count(srv, rig_id)
+        if got[1] > above:
+            return got
+        assert time.monotonic() < deadline, f"{rig_id}: the counter stayed at {got} (wanted > {above})"
+        time.sleep(0.2)
+
+
+def test_a_terminal_fork_continues_processes_with_its_own_files_and_identity(shared_server: Server) -> None:
+    srv = shared_server
+    parent = open_terminal(srv)
+    pid = parent["id"]
+    sh(srv, pid, "echo before > /tmp/before && " + COUNTER)
+    counter_pid, at_fork = wait_count(srv, pid, 3)
+
+    t0 = time.monotonic()
+    answer = srv.call("rig.fork", {"rigId": pid, "count": 3})
+    copies = answer["rigs"]
+    print(f"fork x3 → all ready in {time.monotonic() - t0:.1f} s")
+    assert len(copies) == 3
+    ids = [c["id"] for c in copies]
+    for c in copies:
+        assert c["phase"] == "ready", c
+        assert c["forkedFrom"] == pid and c["surface"] == "terminal"
+        assert any("as after fork(2)" in n for n in c["notes"])
+
+    for rid in ids:
+        # The process from before the fork runs on in each copy, from the parent's count.
+        got_pid, first = count(srv, rid)
+        assert got_pid == counter_pid and first >= at_fork
+        assert wait_count(srv, rid, first)[0] == counter_pid
+        assert sh(srv, rid, "cat /tmp/before") == "before\n"
+    assert wait_count(srv, pid, at_fork)[0] == counter_pid  # and in the parent, which resumed
+
+    # A file written after the fork in one copy is in no other copy, nor in the parent.
+    sh(srv, ids[0], "echo mine > /tmp/after")
+    for rid in [pid, *ids[1:]]:
+        assert sh(srv, rid, "test -e /tmp/after && echo there || echo absent") == "absent\n"
+
+    # Each of the four is its own machine: machine-id and the kernel RNG's output differ.
+    machine_ids = {sh(srv, r, "cat /etc/machine-id").strip() for r in [pid, *ids]}
+    randoms = {sh(srv, r, "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'") for r in [pid, *ids]}
+    assert len(machine_ids) == 4 and len(randoms) == 4, (machine_ids, randoms)
+
+    log = srv.call("rig.log", {"rigId": ids[1]})
+    assert log[0]["verb"] == "forkedFrom" and log[0]["args"]["rigId"] == pid
+    fork_row = [r for r in srv.call("rig.log", {"rigId": pid}) if r["verb"] == "fork"]
+    assert fork_row and fork_row[-1]["args"]["rigs"] == ids
+    print(f"parent paused {fork_row[-1]['args']['pausedMs']} ms; "
+          f"RAM {fork_row[-1]['args']['ramBytes'] >> 20} MiB")
+    # The frozen state is gone once every copy is up.
+    forks_dir = srv.data_dir / "rigs" / "forks"
+    deadline = time.monotonic() + 10
+    while any(forks_dir.iterdir()):
+        assert time.monotonic() < deadline, list(forks_dir.iterdir())
+        time.sleep(0.1)
+    for rid in [pid, *ids]:
+        srv.call("rig.close", {"rigId": rid})
