@@ -20,6 +20,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -922,6 +923,37 @@ def test_a_second_desktop_starts_warm_and_is_its_own_machine(desk: tuple[Server,
         assert act(srv, second["id"], action="cursor_position")["coordinate"] == [77, 66]
     finally:
         srv.call("rig.close", {"rigId": second["id"]})
+
+
+def test_a_desktop_fork_shows_the_same_windows(desk: tuple[Server, str]) -> None:
+    """rig.fork of a desktop (issue 29): the copy's X session has the parent's windows, where
+    they were, and goes on as a machine of its own."""
+    srv, rig = desk
+    title = f"fork-{uuid.uuid4().hex[:8]}"
+    sh(srv, rig, f"({SESSION} xmessage -title {title} -geometry 320x90+60+70 forked &) >/dev/null 2>&1")
+    find = f"{SESSION} xdotool search --name '^{title}$' | head -1 | grep ."
+    win = wait_for(srv, rig, find).strip()
+    where = f"{SESSION} xdotool getwindowgeometry --shell {{}} | grep -E '^(X|Y|WIDTH|HEIGHT)='"
+    geometry = sh(srv, rig, where.format(win))
+    t0 = time.monotonic()
+    try:
+        [copy] = srv.call("rig.fork", {"rigId": rig, "count": 1})["rigs"]
+        print(f"desktop fork ready in {time.monotonic() - t0:.1f} s")
+        assert copy["phase"] == "ready" and copy["forkedFrom"] == rig, copy
+        assert copy["display"] == srv.call("rig.get", {"rigId": rig})["display"]
+        copied = sh(srv, copy["id"], find).strip()
+        assert sh(srv, copy["id"], where.format(copied)) == geometry
+        ids = {sh(srv, r, "cat /etc/machine-id").strip() for r in (rig, copy["id"])}
+        assert len(ids) == 2
+        # The copy's windows are its own: closing one there leaves the parent's.
+        sh(srv, copy["id"], "pkill -x xmessage")
+        wait_for(srv, copy["id"], f"! {find}")
+        assert sh(srv, rig, find).strip() == win
+        act(srv, copy["id"], action="mouse_move", coordinate=[91, 92])
+        assert act(srv, copy["id"], action="cursor_position")["coordinate"] == [91, 92]
+        srv.call("rig.close", {"rigId": copy["id"]})
+    finally:
+        sh(srv, rig, "pkill -x xmessage || true")
 
 
 def test_import_with_a_wrong_checksum_leaves_no_file(tmp_path: Path) -> None:
