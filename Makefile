@@ -15,7 +15,7 @@ help:
 	@echo "make test   - install what is missing and run lint + the whole test suite"
 	@echo "make images - build the default terminal image, kernel, initramfs and tools disk"
 	@echo "make images-browser - build the Chromium, Firefox and WebKit browser images (a server also builds them on first use)"
-	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes; MCP vs tools.call; registry pulls vs skopeo; ports: a forward vs the guest direct; TCG one thread per vCPU vs per machine; opens: pool hit vs standby vs cold, the CLI vs curl)"
+	@echo "make bench  - benchmarks (ratios against raw QEMU and qemu-guest-agent; warm vs cold starts, park/wake; lanes; MCP vs tools.call; registry pulls vs skopeo; ports: a forward vs the guest direct; TCG one thread per vCPU vs per machine; opens: pool hit vs standby vs cold, the CLI vs curl; fork vs warm opens vs cold boots)"
 	@echo "make lint   - ruff and mypy --strict"
 	@echo "scripts/test-budget - where the last make test spent its time (per image step, per test module)"
 
@@ -85,8 +85,8 @@ bench: images images-desktop
 	$(BIN)/python bench/computer.py; d=$$?; $(BIN)/python bench/lanes.py; e=$$?; \
 	$(BIN)/python bench/agents.py; f=$$?; $(BIN)/python bench/images.py; g=$$?; \
 	$(BIN)/python bench/ports.py; h=$$?; $(BIN)/python bench/tcg.py; i=$$?; \
-	$(BIN)/python bench/open.py; j=$$?; \
-	exit $$(( a || b || c || d || e || f || g || h || i || j ))
+	$(BIN)/python bench/open.py; j=$$?; $(BIN)/python bench/fork.py; k=$$?; \
+	exit $$(( a || b || c || d || e || f || g || h || i || j || k ))
 
 clean-cache:
 	rm -rf "$(RIGD_CACHE_DIR)"

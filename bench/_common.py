@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,3 +209,19 @@ def clean_up(srv: Server | None, rc: int, *, server_log: Path, data_dir: Path, k
     elif own_dir:
         print(f"bench: kept {data_dir}", file=sys.stderr)
     return rc
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The options of a bench that starts its own ``rigd serve``."""
+    p.add_argument("--boot-timeout", type=float, default=600.0)
+    p.add_argument("--accel", default="tcg", choices=["tcg", "kvm"])
+    p.add_argument("--qemu", default="qemu-system-x86_64")
+    p.add_argument("--keep", action="store_true")
+
+
+def scratch_root(name: str) -> Path:
+    """A bench's own data directory under /var/tmp (SIGTERM now unwinds into its clean-up)."""
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    root = Path(tempfile.mkdtemp(prefix=f"rigd-bench-{name}-", dir="/var/tmp")).resolve()
+    os.chmod(root, 0o711)
+    return root

@@ -29,16 +29,14 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, Server, clean_up, fmt_s, med, start_server
+from _common import REPO, Server, add_server_args, clean_up, fmt_s, med, scratch_root, start_server
 
 GOAL_POOL_S = 1.5
 GOAL_RATIO = 20.0
@@ -204,15 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="opens per side after the first (default 3)")
     p.add_argument("--cli-rounds", type=int, default=5)
     p.add_argument("--settle", type=float, default=3.0, help="seconds before reading a pooled rig's memory")
-    p.add_argument("--boot-timeout", type=float, default=600.0)
-    p.add_argument("--accel", default="tcg", choices=["tcg", "kvm"])
-    p.add_argument("--qemu", default="qemu-system-x86_64")
-    p.add_argument("--keep", action="store_true")
+    add_server_args(p)
     args = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    root = Path(tempfile.mkdtemp(prefix="rigd-bench-open-", dir="/var/tmp")).resolve()
-    os.chmod(root, 0o711)
-    return run(args, root)
+    return run(args, scratch_root("open"))
 
 
 if __name__ == "__main__":

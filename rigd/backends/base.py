@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from netgate.policy import Policy
     from netgate.proxy import AuditEvent
     from rigd.backends.lanes import Lanes
+    from rigd.browser.profiles import ProfileState
     from rigd.protocols.input import Step
     from rigd.verbs import Action
 
@@ -78,6 +79,9 @@ class MachineSpec:
     image: str | None = None
     #: Start as a copy of a frozen machine (``rig.fork``) instead of booting or a warm start.
     fork: ForkImage | None = None
+    #: A browser fork's seed: the parent engine's cookies, storage and tabs, put into this
+    #: rig's fresh engine before its first verb (kept nowhere: not a saved profile).
+    browser_state: ProfileState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +169,11 @@ class Machine(Protocol):
         """Load ``owner``'s saved browser profile ``name`` into the running engine and keep it
         from now on (a pooled browser rig's hand-over); a field error naming ``profile`` on a
         machine that keeps none."""
+        ...
+
+    async def browser_state(self) -> ProfileState:
+        """The running engine's cookies, local storage and open tabs (a browser fork's seed);
+        a field error naming ``rigId`` on a machine without an engine."""
         ...
 
     @property

@@ -254,6 +254,9 @@ class BrowserDriver:
                 reopened = False
                 if self.profile is not None:
                     reopened = await self._restore_profile(page, self.profile)
+                elif self.machine.spec.browser_state is not None:  # a fork's copy
+                    reopened = await self._put_state(page, self.machine.spec.browser_state,
+                                                     "the parent's engine")
                 if not reopened:
                     # (a new or tab-less profile shows the start page too, once it has loaded)
                     await self._start_page_shown(page)
@@ -407,6 +410,10 @@ class BrowserDriver:
             self._profile_state = ProfileState()
             return False
         self._profile_state = state
+        return await self._put_state(page, state, f"profile {ref.name}")
+
+    async def _put_state(self, page: PageDriver, state: ProfileState, what: str) -> bool:
+        """Cookies, local storage and tabs into the running engine; True when it reopened a tab."""
         self.profile_problems = await page.import_profile(state)
         reopened = False
         if state.tabs:
@@ -415,10 +422,18 @@ class BrowserDriver:
                 reopened = True
             except RigdError as exc:
                 self.profile_problems.append(f"reopening {state.tabs[0][:100]}: {exc.message[:200]}")
-        self.machine.log.info("browser profile restored", extra={
-            "profile": ref.name, "cookies": len(state.cookies), "tabs": len(state.tabs),
+        self.machine.log.info("browser state restored", extra={
+            "from": what, "cookies": len(state.cookies), "tabs": len(state.tabs),
             "origins": len(state.storage), "problems": len(self.profile_problems)})
         return reopened
+
+    async def browser_state(self) -> ProfileState:
+        """What the engine holds now: cookies, the driven page's local storage (over what the
+        kept profile had for other origins) and the open tabs, the driven page's first."""
+        page = self.page
+        if page is None:
+            raise BackendError(f"{self.engine.value}: the engine is not connected")
+        return await page.export_profile(self._profile_state)
 
     async def take_profile(self, owner: str, name: str) -> None:
         """A pooled rig's hand-over (issue 28): put the new owner's profile into the running

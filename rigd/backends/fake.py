@@ -20,6 +20,7 @@ import trio
 from rigd.backends.base import ExecResult, ForkImage, Frame, MachineInfo, MachineSpec
 from rigd.backends.lanes import MAX_FILE_BYTES, Clip, DropEvent, DropTarget, SavedFile
 from rigd.backends.recipe import TERMINAL_DROPS
+from rigd.browser.profiles import ProfileState
 from rigd.errors import BackendError, Conflict, FieldError
 from rigd.frames import Changes, Lane, Still
 from rigd.model import Accel, Backend, Surface
@@ -102,6 +103,12 @@ class FakeMachine:
         await trio.lowlevel.checkpoint()
         self.performed.append(action.verb)
         return self.answers.get(action.verb, {"performed": action.verb})
+
+    async def browser_state(self) -> ProfileState:
+        await trio.lowlevel.checkpoint()
+        if self.spec.surface is not Surface.BROWSER:
+            raise FieldError("rigId", f"a {self.spec.surface} rig has no browser engine")
+        return ProfileState(tabs=[f"https://example.com/{self.spec.rig_id}"])
 
     async def take_profile(self, owner: str, name: str) -> None:
         await trio.lowlevel.checkpoint()

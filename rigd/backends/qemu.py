@@ -72,6 +72,7 @@ from rigd.nurseries import body_nursery
 from rigd.protocols.guest import Stream
 
 if TYPE_CHECKING:
+    from rigd.browser.profiles import ProfileState
     from rigd.protocols.input import Step
     from rigd.verbs import Action
 
@@ -546,6 +547,11 @@ class QemuMachine:
         if not isinstance(self.driver, ProfileTaker):
             raise FieldError("profile", f"a {self.recipe.surface} rig keeps no browser profile")
         await self.driver.take_profile(owner, name)
+
+    async def browser_state(self) -> ProfileState:
+        if not isinstance(self.driver, ProfileTaker):
+            raise FieldError("rigId", f"a {self.recipe.surface} rig has no browser engine")
+        return await self.driver.browser_state()
 
     async def still(self, *, max_w: int, max_h: int, fmt: str = "jpeg", quality: int = 75,
                     mark_cursor: bool = True) -> Frame:

@@ -30,6 +30,7 @@ from rigd.model import Accel, Backend, Surface
 
 if TYPE_CHECKING:
     from rigd.backends.qemu import QemuMachine
+    from rigd.browser.profiles import ProfileState
     from rigd.protocols.input import Step
     from rigd.verbs import Action
 
@@ -95,9 +96,14 @@ class Driver(Protocol):
 @runtime_checkable
 class ProfileTaker(Protocol):
     """A driver that can put an owner's saved profile into its running engine (a browser's):
-    how a pooled rig takes the profile its caller opens with (issue 28)."""
+    how a pooled rig takes the profile its caller opens with (issue 28); and read what its
+    engine holds now (``rig.fork`` of a browser, issue 29)."""
 
     async def take_profile(self, owner: str, name: str) -> None: ...
+
+    async def browser_state(self) -> ProfileState:
+        """The running engine's cookies, local storage and open tabs (a browser fork's seed)."""
+        ...
 
 
 class BootRecipe(Protocol):

@@ -255,6 +255,16 @@ def cmd_close(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fork(args: argparse.Namespace) -> int:
+    answer = Client.from_args(args).call("rig.fork", {"rigId": args.rig, "count": args.count})
+    if args.json:
+        _print(answer)
+    else:
+        for r in answer["rigs"]:
+            print(f"{r['id']}  {r['surface']:9} {r['phase']:12} forked from {r['forkedFrom']}")
+    return 0
+
+
 def cmd_act(args: argparse.Namespace) -> int:
     client = Client.from_args(args)
     if args.verb == "exec":
@@ -643,6 +653,13 @@ def parser() -> argparse.ArgumentParser:
     client_opts(sp)
     sp.add_argument("rig")
     sp.set_defaults(fn=cmd_close)
+
+    sp = sub.add_parser("fork", help="copies of a running rig, from one instant of it (RAM and disk)")
+    client_opts(sp)
+    sp.add_argument("rig")
+    sp.add_argument("-n", "--count", type=int, default=1, help="how many copies (1-8, default 1)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_fork)
 
     sp = sub.add_parser(
         "act", help="run a verb: `rigd act RIG exec [-c CMD | -- argv...]` or a JSON action"

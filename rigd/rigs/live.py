@@ -14,6 +14,7 @@ import trio
 from netgate.policy import Policy
 from netgate.proxy import AuditEvent
 from rigd.backends.base import ForkImage, Machine
+from rigd.browser.profiles import ProfileState
 from rigd.model import Phase
 from rigd.rigs.params import OpenParams
 from rigd.rigs.pools import PoolKey
@@ -84,6 +85,8 @@ class LiveRig:
     pooled_at: float = 0.0
     #: The frozen parent this rig starts as a copy of (``rig.fork``), until it has started.
     fork: ForkImage | None = None
+    #: A browser fork's seed (the parent engine's cookies, storage, tabs), for its fresh engine.
+    seed: ProfileState | None = None
 
     @property
     def profile(self) -> str | None:

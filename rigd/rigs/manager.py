@@ -39,6 +39,7 @@ from netgate.errors import NetgateError
 from netgate.policy import Policy, build_policy
 from rigd.backends.base import ExecResult, ForkImage, Machine, MachineBackend, MachineSpec, NetSpec
 from rigd.backends.layout import LeftBehind, remove_tree
+from rigd.browser.profiles import ProfileState
 from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError, from_netgate, leaves
 from rigd.model import (
     ACCEL_OF,
@@ -294,7 +295,7 @@ class RigManager:
 
     async def launch(self, row: RigRow, db: WorkspaceDB, params: OpenParams, policy: Policy | None, *,
                      caller: Caller | None = None, pool: PoolKey | None = None,
-                     fork: ForkImage | None = None) -> LiveRig:
+                     fork: ForkImage | None = None, seed: ProfileState | None = None) -> LiveRig:
         """Store ``row``, write the caller's ``open`` row (a fork's copy: its ``forkedFrom``
         row), and start the rig's task (the machine boots in the background). A pooled rig
         (``pool``, no caller) is kept in the pools' own database and indexed under no
@@ -306,15 +307,15 @@ class RigManager:
         now = self.clock()
         rig = LiveRig(row=row, db=db, params=params, last_active=now,
                       expires_at=now + params.ttl_s if pool is None else float("inf"), policy=policy,
-                      pool_key=pool, pooled_at=now, fork=fork)
+                      pool_key=pool, pooled_at=now, fork=fork, seed=seed)
         self.live[row.id] = rig
         if caller is not None:
             if caller.actor_kind == "agent":
                 rig.last_agent = caller.actor_id
-            if fork is not None:
+            if row.forked_from is not None:
                 await self.audit_event(rig, caller, "forkedFrom", {
-                    "rigId": fork.parent, "surface": row.surface, "memoryMb": row.memory_mb,
-                    "vcpus": row.vcpus, "pausedMs": round(fork.paused_s * 1000)})
+                    "rigId": row.forked_from, "surface": row.surface, "memoryMb": row.memory_mb,
+                    "vcpus": row.vcpus, **({"pausedMs": round(fork.paused_s * 1000)} if fork else {})})
             else:
                 await self.audit_event(rig, caller, "open", {"surface": row.surface,
                                                             "memoryMb": row.memory_mb, "vcpus": row.vcpus})
@@ -324,11 +325,15 @@ class RigManager:
     # -- fork (issue 29) -------------------------------------------------------------------
 
     async def fork(self, caller: Caller, rig_id: str, count: int) -> list[LiveRig]:
-        """``count`` copies of a ready terminal or computer rig, continuing from one instant of
-        it: the parent is frozen once (RAM and a disk copy, :meth:`MachineBackend.freeze`) and
-        resumes untouched; each copy restores that state as a rig of its own, owned by the
-        caller, behind its own gate with the parent's allowlist. Returns once every copy is
-        ready or failed. Nothing is created when the budget has no room."""
+        """``count`` copies of a ready rig, owned by the caller, each behind its own gate with
+        the parent's allowlist. Returns once every copy is ready or failed; nothing is created
+        when the budget has no room.
+
+        A terminal or computer rig is frozen once (RAM and a disk copy,
+        :meth:`MachineBackend.freeze`) and resumes untouched; each copy restores that instant.
+        A browser rig's running engine is never shared (its random state would be): each copy
+        is a fresh browser rig of the same engine, seeded with the parent engine's cookies,
+        local storage and open tab."""
         row, db, parent = await self.visible(caller, rig_id)
         not_ready = FieldError("rigId", f"rig {rig_id} is {row.phase}; only a ready rig can be forked"
                                         + (" (an action wakes it)" if row.phase == Phase.PARKED.value
@@ -336,17 +341,19 @@ class RigManager:
         if parent is None or parent.phase is not Phase.READY or parent.machine is None:
             raise not_ready
         surface = Surface(row.surface)
-        if surface not in (Surface.TERMINAL, Surface.COMPUTER):
-            raise FieldError("rigId", f"a {surface} rig cannot be forked (terminal and computer rigs can)")
+        if surface not in (Surface.TERMINAL, Surface.COMPUTER, Surface.BROWSER):
+            raise FieldError("rigId", f"a {surface} rig cannot be forked")
         self.check_control(parent, caller)
         params = parent.params
         if params is None:
             raise Conflict(f"rig {rig_id} has no open parameters to copy")
-        params = dataclasses.replace(params, conversation=None, wait=True)
+        # (a copy belongs to no conversation, and keeps no named profile: one engine per profile)
+        params = dataclasses.replace(params, conversation=None, wait=True, profile=None)
         backend = self.backends[surface]
         self.note_activity(parent)  # (the parent is in use: never the eviction's choice)
         children: list[LiveRig] = []
         image: ForkImage | None = None
+        seed: ProfileState | None = None
         try:
             async with self._admission:
                 decision = plan_admission(
@@ -364,7 +371,10 @@ class RigManager:
                     machine = parent.machine
                     if parent.phase is not Phase.READY or machine is None:
                         raise not_ready
-                    image = await backend.freeze(machine)
+                    if surface is Surface.BROWSER:
+                        seed = await machine.browser_state()
+                    else:
+                        image = await backend.freeze(machine)
                 for _ in range(count):
                     copy = self.new_row(params, row.workspace_id, parent.policy, created_by=caller.user.id,
                                         image_ref=row.image_ref)
@@ -373,10 +383,13 @@ class RigManager:
                     copy.egress = row.egress
                     copy.forked_from = rig_id
                     children.append(await self.launch(copy, db, params, parent.policy, caller=caller,
-                                                      fork=image))
-            await self.audit_event(parent, caller, "fork", {
-                "count": count, "rigs": [c.row.id for c in children],
-                "pausedMs": round(image.paused_s * 1000), "ramBytes": image.ram_bytes})
+                                                      fork=image, seed=seed))
+            audit: dict[str, Any] = {"count": count, "rigs": [c.row.id for c in children]}
+            if image is not None:
+                audit.update(pausedMs=round(image.paused_s * 1000), ramBytes=image.ram_bytes)
+            else:
+                audit.update(engine=row.engine, freshEngines=True)
+            await self.audit_event(parent, caller, "fork", audit)
         finally:
             if image is not None:
                 # The frozen state serves the copies' restores; once each is up (or failed), it goes.
@@ -428,7 +441,7 @@ class RigManager:
                                      else None),
                             engine=row.engine,
                             profile=(row.created_by, rig.profile) if rig.profile else None,
-                            image=row.image_ref,
+                            image=row.image_ref, browser_state=rig.seed,
                         )
                     with trio.CancelScope() as scope:
                         rig.scope = scope

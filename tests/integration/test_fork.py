@@ -4,6 +4,10 @@ not the ones written after it, and has its own machine-id and RNG."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -87,5 +91,14 @@ def test_a_terminal_fork_continues_processes_with_its_own_files_and_identity(sha
     while any(forks_dir.iterdir()):
         assert time.monotonic() < deadline, list(forks_dir.iterdir())
         time.sleep(0.1)
-    for rid in [pid, *ids]:
+
+    # A fork of a fork, through the CLI: its disk is a copy of the copy's (with /tmp/after).
+    env = {**os.environ, "RIGD_URL": srv.url, "RIGD_TOKEN": srv.token}
+    out = subprocess.run([sys.executable, "-m", "rigd", "fork", ids[0], "--json"], env=env,
+                         capture_output=True, text=True, timeout=300, check=True)
+    [grandchild] = json.loads(out.stdout)["rigs"]
+    assert grandchild["forkedFrom"] == ids[0] and grandchild["phase"] == "ready", grandchild
+    assert sh(srv, grandchild["id"], "cat /tmp/after") == "mine\n"
+    assert wait_count(srv, grandchild["id"], at_fork)[0] == counter_pid
+    for rid in [pid, *ids, grandchild["id"]]:
         srv.call("rig.close", {"rigId": rid})

@@ -30,7 +30,7 @@ print("MODULES", " ".join(sorted(m for m in sys.modules)))
 
 
 @pytest.mark.parametrize("argv", [["list"], ["act", "rig_x", "exec", "--", "true"], ["close", "rig_x"],
-                                  ["open", "--surface", "terminal"]])
+                                  ["open", "--surface", "terminal"], ["fork", "rig_x", "-n", "3"]])
 def test_a_client_command_does_not_import_the_server(tmp_path: Path, argv: list[str]) -> None:
     # An empty data directory: the command stops at "no server URL", before any socket.
     env = {k: v for k, v in os.environ.items() if k not in ("RIGD_URL", "RIGD_TOKEN")}

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 import trio
 
+from rigd.backends.fake import FakeBackend
 from rigd.errors import Conflict, FieldError, NotFound
+from rigd.model import Surface
 from rigd.rigs.manager import Caller
 from tests.unit import test_pressure
 from tests.unit.test_pressure import World
@@ -122,3 +124,20 @@ async def test_a_rig_of_another_workspace_is_not_found(world: World) -> None:
     with pytest.raises(NotFound) as exc:
         await fork(world, {"rigId": parent["id"]}, outsider)
     assert exc.value.data["field"] == "rigId"
+
+
+async def test_a_browser_fork_seeds_fresh_engines_with_the_parent_engines_state(world: World) -> None:
+    browsers = FakeBackend()
+    world.rigs.backends[Surface.BROWSER] = browsers
+    parent = await world.open(surface="browser", engine="chromium", profile="work")
+    copies = (await fork(world, {"rigId": parent["id"], "count": 2}))["rigs"]
+    assert [c["forkedFrom"] for c in copies] == [parent["id"]] * 2
+    assert browsers.frozen == []  # a running engine is never frozen and shared
+    for copy, machine in zip(copies, browsers.machines[1:], strict=True):
+        assert copy["engine"] == "chromium" and "profile" not in copy  # the profile stays the parent's
+        assert any("a fresh engine with the parent's cookies" in n for n in copy["notes"])
+        assert machine.spec.fork is None and machine.spec.profile is None
+        assert machine.spec.browser_state is not None
+        assert machine.spec.browser_state.tabs == [f"https://example.com/{parent['id']}"]
+    row = (await log_of(world, parent["id"]))[-1]
+    assert row["verb"] == "fork" and row["args"]["freshEngines"] is True
