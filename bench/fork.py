@@ -14,6 +14,10 @@ For each N of ``--counts`` (default 1,4,8), on terminal rigs of one shape:
 (5) **Resident MB per copy** (``residentMb`` of each copy, QEMU's VmRSS) against a warm
     opened rig's, read ``--settle`` seconds after they are up.
 
+(6) With ``--browser ENGINE``: a browser fork (a fresh engine seeded with the parent's
+    cookies, storage and tabs; never a copy of the running engine) against a warm (standby)
+    open of the same engine, each until its first screenshot.
+
 Volume throughput against a rig's own disk (issue 29's volumes) is not measured: volumes
 are not built yet. Every process started here is killed by pid on the way out (the servers
 close their rigs; anything left is killed by the reaper).
@@ -81,6 +85,30 @@ def resident(srv: Server, rigs: list[dict[str, Any]], settle_s: float) -> float:
     return med([float(srv.client.call("rig.get", {"rigId": r["id"]}).get("residentMb") or 0) for r in rigs])
 
 
+def screenshot(srv: Server, rig_id: str) -> None:
+    shot = srv.client.call("rig.act", {"rigId": rig_id, "tool": "browser_use",
+                                       "action": {"action": "screenshot"}})
+    if not shot.get("image"):
+        raise RuntimeError(f"{rig_id}: no screenshot: {shot}")
+
+
+def browser_row(srv: Server, engine: str, rows: list[dict[str, float]]) -> None:
+    params = {"workspace": "default", "surface": "browser", "engine": engine}
+    parent = srv.client.call("rig.open", params)  # (seeds the engine's standby snapshot)
+    t0 = time.perf_counter()
+    warm = srv.client.call("rig.open", params)
+    screenshot(srv, warm["id"])
+    opened = time.perf_counter() - t0
+    close_all(srv, [warm])
+    t0 = time.perf_counter()
+    [copy] = srv.client.call("rig.fork", {"rigId": parent["id"], "count": 1})["rigs"]
+    screenshot(srv, copy["id"])
+    forked = time.perf_counter() - t0
+    close_all(srv, [copy, parent])
+    rows.append({"browser": 1.0, "fork": forked, "warm": opened})
+    print(f"  {engine}: fork {fmt_s(forked)}, standby open {fmt_s(opened)}", flush=True)
+
+
 def run(args: argparse.Namespace, root: Path) -> int:
     counts = [int(c) for c in args.counts.split(",")]
     params = {"memoryMb": args.memory_mb, "vcpus": 1}
@@ -123,6 +151,8 @@ def run(args: argparse.Namespace, root: Path) -> int:
             print(f"  N={n}: fork {fmt_s(row['fork'])}, warm {fmt_s(row['warm'])}, cold {fmt_s(row['cold'])}",
                   flush=True)
         close_all(warm, [parent])
+        if args.browser:
+            browser_row(warm, args.browser, rows)
         rc = 0
     finally:
         rc = clean_up(cold, rc, server_log=cold_dir / "bench-server.log", data_dir=cold_dir, keep=True,
@@ -132,6 +162,10 @@ def run(args: argparse.Namespace, root: Path) -> int:
     print(f"fork bench (accel {args.accel}, terminal rigs of {args.memory_mb} MB, 1 vCPU; "
           "wall time until every rig is ready and has answered an exec)")
     for r in rows:
+        if "browser" in r:
+            print(f"  (6) {args.browser}: a fork (fresh engine, seeded) {fmt_s(r['fork'])} vs a standby open "
+                  f"{fmt_s(r['warm'])} ({r['fork'] / r['warm']:.2f}x)")
+            continue
         n = f"{r['n']:.0f}"
         print(f"  N={n}: (1) fork {fmt_s(r['fork'])}   (2) {n} warm opens {fmt_s(r['warm'])} "
               f"({r['warm'] / r['fork']:.1f}x the fork)   (3) {n} cold boots {fmt_s(r['cold'])} "
@@ -149,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--counts", default="1,4,8", help="comma-separated N (copies, opens, boots)")
     p.add_argument("--memory-mb", type=int, default=512)
+    p.add_argument("--browser", default="", help="also fork a browser rig of this engine (chromium, firefox, "
+                   "webkit) against a standby open")
     p.add_argument("--settle", type=float, default=3.0, help="seconds before reading resident memory")
     add_server_args(p)
     args = p.parse_args(argv)

@@ -56,6 +56,9 @@ class ForkImage:
     #: How long the parent's vCPUs stood still, and what QEMU sent (for the audit row and bench).
     paused_s: float = 0.0
     ram_bytes: int = 0
+    #: The image at the bottom of ``disk``'s backing chain when ``disk`` was made to depend on
+    #: it alone (a named snapshot outlives the warm-start snapshot a rig's overlay was over).
+    base: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +233,10 @@ class MachineBackend(Protocol):
         self, spec: MachineSpec, progress: Callable[[str], None]
     ) -> AbstractAsyncContextManager[Machine]: ...
 
-    async def freeze(self, machine: Machine) -> ForkImage:
+    async def freeze(self, machine: Machine, *, standalone: bool = False) -> ForkImage:
         """Pause ``machine`` for as short a time as possible, keep its RAM and disk in a
         :class:`ForkImage` and resume it; a machine this backend cannot fork is a
-        :class:`~rigd.errors.Conflict`. The caller removes ``ForkImage.dir``."""
+        :class:`~rigd.errors.Conflict`. ``standalone``: then (the machine running again) make
+        the disk depend only on its chain's base image (``ForkImage.base``). The caller
+        removes ``ForkImage.dir``."""
         ...

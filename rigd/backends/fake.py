@@ -226,7 +226,7 @@ class FakeBackend:
         self.refuse_fork: str | None = None
         self.frozen: list[ForkImage] = []
 
-    async def freeze(self, machine: Any) -> ForkImage:
+    async def freeze(self, machine: Any, *, standalone: bool = False) -> ForkImage:
         """A frozen fake: an empty directory (the manager removes it) and the parent's spec."""
         await trio.lowlevel.checkpoint()
         if self.refuse_fork:
@@ -234,6 +234,8 @@ class FakeBackend:
         assert isinstance(machine, FakeMachine)
         made = await trio.to_thread.run_sync(functools.partial(tempfile.mkdtemp, prefix="rigd-fakefork-"))
         into = Path(made)
+        for name, body in (("disk.qcow2", b"fake disk"), ("memory.zst", b"fake memory")):
+            (into / name).write_bytes(body)
         image = ForkImage(dir=into, disk=into / "disk.qcow2", memory=into / "memory.zst",
                           spec=machine.spec, parent=machine.spec.rig_id, paused_s=0.01, ram_bytes=1 << 20)
         self.frozen.append(image)

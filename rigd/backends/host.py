@@ -26,10 +26,12 @@ built in the background (:mod:`rigd.backends.warm`).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
 
@@ -37,7 +39,7 @@ from rigd.backends.base import ForkImage, Machine, MachineSpec
 from rigd.backends.confine import Identity, UidPool, give, make_private_dir
 from rigd.backends.gates import NetGate, open_gate
 from rigd.backends.layout import Layout, remove_files, remove_tree
-from rigd.backends.qemu import QemuConfig, QemuMachine, make_overlay, open_qemu_machine
+from rigd.backends.qemu import QemuConfig, QemuMachine, make_overlay, open_qemu_machine, run_quiet
 from rigd.backends.recipe import BootRecipe, OpenPlan, RecipeSource, RigPaths, cold_plan, plan_open
 from rigd.backends.snapshot import DISK_FILE, MEMORY_FILE, Snapshot, copy_disk
 from rigd.backends.warm import SnapshotService
@@ -111,21 +113,47 @@ class QemuBackend:
                     self.snapshots.schedule(recipe, spec, plan.warm)
                 yield machine
 
-    async def freeze(self, machine: Machine) -> ForkImage:
-        """Freeze a running machine of this backend for ``rig.fork`` (see :class:`ForkImage`)."""
+    async def freeze(self, machine: Machine, *, standalone: bool = False) -> ForkImage:
+        """Freeze a running machine of this backend for ``rig.fork`` or a named snapshot (see
+        :class:`ForkImage`)."""
         if not isinstance(machine, QemuMachine):
             raise Conflict("this machine cannot be forked")
         into = self.layout.forks_dir / f"{machine.spec.rig_id}-{secrets.token_hex(4)}"
         await trio.to_thread.run_sync(functools.partial(into.mkdir, mode=0o700))
+        base = None
         try:
             paused, sent = await machine.freeze(into)
+            if standalone:
+                base = await self._rebase_on_base(into / DISK_FILE)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(remove_tree, into)
             raise
-        machine.log.info("frozen for a fork", extra={"paused_s": round(paused, 3), "ram_bytes": sent})
+        machine.log.info("frozen", extra={"paused_s": round(paused, 3), "ram_bytes": sent})
         return ForkImage(dir=into, disk=into / DISK_FILE, memory=into / MEMORY_FILE, spec=machine.spec,
-                         parent=machine.spec.rig_id, paused_s=paused, ram_bytes=sent)
+                         parent=machine.spec.rig_id, paused_s=paused, ram_bytes=sent, base=base)
+
+    async def _rebase_on_base(self, disk: Path) -> Path:
+        """Make ``disk`` depend only on the image at the bottom of its backing chain (a rig's
+        overlay may be over a warm-start snapshot's disk, which a rebuilt pack prunes); return
+        that image. ``qemu-img rebase`` in safe mode copies what the middle layers held."""
+        try:
+            result = await trio.run_process(
+                [self.config.qemu_img, "info", "--backing-chain", "--output=json", "-U", str(disk)],
+                capture_stdout=True, capture_stderr=True, check=False)
+            chain = json.loads(result.stdout) if result.returncode == 0 else None
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"reading the disk's backing chain: {exc}") from exc
+        if not isinstance(chain, list) or not chain:
+            raise BackendError("reading the disk's backing chain: "
+                               + result.stderr.decode(errors="replace")[-300:])
+        bottom = chain[-1]
+        base = Path(str(bottom.get("filename")))
+        if len(chain) > 2:
+            await run_quiet([self.config.qemu_img, "rebase", "-q", "-f", "qcow2", "-b", str(base),
+                             "-F", str(bottom.get("format") or "raw"), str(disk)],
+                            what="making the snapshot's disk depend on its image alone")
+        return base
 
     @asynccontextmanager
     async def _open_fork(

@@ -38,6 +38,7 @@ from rigd.rigs.params import (
     OpenParams,
     PortShareParams,
     RigRef,
+    SnapshotRef,
     parse_act,
     parse_control,
     parse_conversation,
@@ -51,6 +52,9 @@ from rigd.rigs.params import (
     parse_open,
     parse_port_share,
     parse_rig_ref,
+    parse_snapshot_create,
+    parse_snapshot_rm,
+    parse_workspace_ref,
 )
 from rigd.rigs.render import iso_at
 from rigd.store.util import iso, utcnow
@@ -111,7 +115,8 @@ class RigApi:
                         and rig.phase in lifecycle.LIVE and not conversation_rig(rig, ws_id, params)):
                     raise Conflict(f"profile {params.profile!r} is in use by rig {rig.row.id}; close it "
                                    "first, or open without a profile", field="profile", rigId=rig.row.id)
-        if params.conversation is not None and params.surface in (Surface.TERMINAL, Surface.BROWSER):
+        if (params.conversation is not None and params.surface in (Surface.TERMINAL, Surface.BROWSER)
+                and params.snapshot is None):  # (a snapshot's rig is always a new one)
             # A conversation holds one terminal, and one browser per engine: an open reuses it.
             lock = self.rigs.open_locks.setdefault((ws_id, params.conversation), trio.Lock())
             async with lock:
@@ -295,6 +300,19 @@ class RigApi:
         children = await self.rigs.fork(caller, params.rig_id, params.count)
         return {"rigs": [self.rigs.rig_json(c.row, c) for c in children]}
 
+    # -- named snapshots (issue 29) ---------------------------------------------------------
+
+    async def snapshot_create(self, caller: Caller, ref: SnapshotRef) -> dict[str, Any]:
+        assert ref.rig_id is not None
+        return await self.rigs.snapshot_create(caller, ref.rig_id, ref.name)
+
+    async def snapshot_list(self, caller: Caller, params: ListParams) -> list[dict[str, Any]]:
+        return await self.rigs.snapshot_list(caller, params.workspace)
+
+    async def snapshot_rm(self, caller: Caller, ref: SnapshotRef) -> dict[str, Any]:
+        assert ref.workspace is not None
+        return await self.rigs.snapshot_rm(caller, ref.workspace, ref.name)
+
     async def park(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
         rig_id = ref.rig_id
         _row, _db, rig = await self.rigs.visible(caller, rig_id)
@@ -415,6 +433,9 @@ RIG_METHODS: dict[str, tuple[Callable[[object], Any], str]] = {
     "rig.watch": (parse_rig_ref, "watch"),
     "rig.park": (parse_rig_ref, "park"),
     "rig.fork": (parse_fork, "fork"),
+    "snapshot.create": (parse_snapshot_create, "snapshot_create"),
+    "snapshot.list": (parse_workspace_ref, "snapshot_list"),
+    "snapshot.rm": (parse_snapshot_rm, "snapshot_rm"),
     "rig.retry": (parse_rig_ref, "retry"),
     "rig.events": (parse_events, "events_since"),
     "rig.ports": (parse_rig_ref, "ports"),

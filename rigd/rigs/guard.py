@@ -105,6 +105,17 @@ def _image(value: object) -> str:
     return str(parse_reference(value, "value"))
 
 
+def _megabytes(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= SNAPSHOT_QUOTA_MAX_MB:
+        raise FieldError("value", f"must be an integer between 0 and {SNAPSHOT_QUOTA_MAX_MB} (MB)")
+    return value
+
+
+#: What a workspace's named snapshots may hold on the host (issue 29), by default and at most.
+SNAPSHOT_QUOTA = "snapshots.quotaMb"
+SNAPSHOT_QUOTA_DEFAULT_MB = 20 * 1024
+SNAPSHOT_QUOTA_MAX_MB = 16 * 1024 * 1024
+
 #: The custom-image keys (RIGS.md §3, "Custom images per workspace").
 EXEC_IMAGE = "rigs.smolvm.execImage"
 BROWSER_IMAGE = "rigs.smolvm.browserImage"
@@ -118,6 +129,8 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "the registry image this workspace's terminal rigs boot (null: the built-in image)"),
     Setting(BROWSER_IMAGE, None, _image,
             "the registry image this workspace's Chromium rigs boot (null: the built-in image)"),
+    Setting(SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB, _megabytes,
+            "the host disk this workspace's named snapshots may use, in MB (RAM and disk of each)"),
 )}
 
 

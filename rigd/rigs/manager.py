@@ -56,7 +56,7 @@ from rigd.protocols.input import Step
 from rigd.rigs import lifecycle
 from rigd.rigs.events import EventBus
 from rigd.rigs.failure import describe_failure
-from rigd.rigs.guard import WorkspaceSettings, custom_image
+from rigd.rigs.guard import SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB, WorkspaceSettings, custom_image
 from rigd.rigs.live import (
     NET_AUDIT_BUFFER,
     Caller,
@@ -71,6 +71,7 @@ from rigd.rigs.pool_service import POOL_WORKSPACE, PoolService
 from rigd.rigs.pools import DEFAULT_MAX_AGE_S, PoolKey
 from rigd.rigs.render import exec_json, rig_json
 from rigd.rigs.scheduler import Admit, Park, counted, plan_admission, plan_idle
+from rigd.rigs.snapshots import SnapshotShelf
 from rigd.store.aio import Stores
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
@@ -131,6 +132,11 @@ class RigManager:
         self.brokered: Callable[[str], Awaitable[bool]] | None = None
         #: Rigs booted before anyone asks (issue 28; every pool 0 unless configured).
         self.pools = PoolService(self, pools or {}, max_age_s=pool_max_age_s)
+        #: Named snapshots (issue 29), and the ones an open is restoring from now (never removed
+        #: under it): (workspace, name) → rig ids.
+        self.shelf = SnapshotShelf(stores.data_dir / "snapshots")
+        self.snapshot_users: dict[tuple[str, str], set[str]] = {}
+        self._snapshot_lock = trio.Lock()
 
     # -- service lifetime -------------------------------------------------------
 
@@ -167,6 +173,7 @@ class RigManager:
         become ``interrupted``.
         """
         left: list[tuple[WorkspaceDB, RigRow]] = []
+        await trio.to_thread.run_sync(self.shelf.sweep)
         ws_ids = [ws.id for ws in await self.stores.run(self.stores.server.all_workspaces)]
         for ws_id in [*ws_ids, POOL_WORKSPACE]:  # the pools' own rows too
             db = await self.stores.workspace(ws_id)
@@ -251,6 +258,8 @@ class RigManager:
         if self.settings_of is not None:
             image_ref, image_note = custom_image(await self.settings_of(ws_id), params.surface.value,
                                                  params.engine.value if params.engine else None)
+        if params.snapshot is not None:
+            return await self._start_from_snapshot(caller, params, ws_id, db, policy)
         taken, start_note = await self.pools.take(caller, params, ws_id, db, policy,
                                                   custom=image_ref is not None)
         if taken is not None:
@@ -317,8 +326,9 @@ class RigManager:
                     "rigId": row.forked_from, "surface": row.surface, "memoryMb": row.memory_mb,
                     "vcpus": row.vcpus, **({"pausedMs": round(fork.paused_s * 1000)} if fork else {})})
             else:
-                await self.audit_event(rig, caller, "open", {"surface": row.surface,
-                                                            "memoryMb": row.memory_mb, "vcpus": row.vcpus})
+                await self.audit_event(rig, caller, "open", {
+                    "surface": row.surface, "memoryMb": row.memory_mb, "vcpus": row.vcpus,
+                    **({"snapshot": params.snapshot} if params.snapshot else {})})
         await self._nursery.start(self._rig_task, rig, self.backends[params.surface])
         return rig
 
@@ -398,6 +408,120 @@ class RigManager:
         for child in children:
             await child.settled.wait()
         return children
+
+    # -- named snapshots (issue 29) -------------------------------------------------------
+
+    async def snapshot_quota_mb(self, ws_id: str) -> int:
+        if self.settings_of is None:
+            return SNAPSHOT_QUOTA_DEFAULT_MB
+        return int((await self.settings_of(ws_id)).values.get(SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB))
+
+    async def snapshot_create(self, caller: Caller, rig_id: str, name: str) -> dict[str, Any]:
+        """Keep a ready terminal or computer rig's RAM and disk as ``name`` in its workspace (one
+        pause, as a fork's); counted against the workspace's ``snapshots.quotaMb``."""
+        row, _db, rig = await self.visible(caller, rig_id)
+        if rig is None or rig.phase is not Phase.READY or rig.machine is None:
+            raise FieldError("rigId", f"rig {rig_id} is {row.phase}; only a ready rig can be snapshotted")
+        surface = Surface(row.surface)
+        if surface not in (Surface.TERMINAL, Surface.COMPUTER):
+            raise FieldError("rigId", f"a {surface} rig's running engine is never kept (its random state "
+                                      "would be shared); its cookies, storage and tabs are kept by "
+                                      "opening it with a profile")
+        self.check_control(rig, caller)
+        ws = row.workspace_id
+        quota = await self.snapshot_quota_mb(ws) << 20
+        async with self._snapshot_lock:  # (one create at a time: quota and names stay true)
+            used = await trio.to_thread.run_sync(self.shelf.bytes_used, ws)
+            if used >= quota:
+                raise Conflict(f"this workspace's snapshots use {used >> 20} MB of its {quota >> 20} MB "
+                               "(snapshots.quotaMb); remove one first", field="name",
+                               usedMb=used >> 20, quotaMb=quota >> 20)
+            meta = await trio.to_thread.run_sync(self._snapshot_exists, ws, name)
+            if meta:
+                raise Conflict(f"a snapshot named {name!r} exists in this workspace; snapshot.rm it "
+                               "first", field="name")
+            async with rig.state_lock:
+                machine = rig.machine
+                if rig.phase is not Phase.READY or machine is None:
+                    raise FieldError("rigId", f"rig {rig_id} is {rig.row.phase}; only a ready rig can be "
+                                              "snapshotted")
+                image = await self.backends[surface].freeze(machine, standalone=True)
+            kept = await trio.to_thread.run_sync(functools.partial(
+                self.shelf.commit, image, ws, name, created_at=iso(utcnow()), created_by=caller.user.id,
+                base=image.base))
+            if used + int(kept.meta["bytes"]) > quota:
+                await trio.to_thread.run_sync(self.shelf.remove, ws, name)
+                raise Conflict(f"snapshot {name!r} would take {int(kept.meta['bytes']) >> 20} MB; this "
+                               f"workspace has {(quota - used) >> 20} MB of its {quota >> 20} MB left "
+                               "(snapshots.quotaMb)", field="name", usedMb=used >> 20, quotaMb=quota >> 20)
+        await self.audit_event(rig, caller, "snapshot", {"name": name, "bytes": kept.meta["bytes"],
+                                                         "pausedMs": kept.meta["pausedMs"]})
+        return kept.to_json()
+
+    def _snapshot_exists(self, ws: str, name: str) -> bool:
+        return self.shelf.dir_of(ws, name).exists()
+
+    async def snapshot_list(self, caller: Caller, workspace: str) -> list[dict[str, Any]]:
+        ws = await self.workspace_for(caller, workspace)
+        return [k.to_json() for k in await trio.to_thread.run_sync(self.shelf.list, ws)]
+
+    async def snapshot_rm(self, caller: Caller, workspace: str, name: str) -> dict[str, Any]:
+        ws = await self.workspace_for(caller, workspace)
+        async with self._snapshot_lock:
+            users = sorted(self.snapshot_users.get((ws, name), ()))
+            if users:
+                raise Conflict(f"snapshot {name!r} is being opened by {', '.join(users)}; remove it once "
+                               "they are up", field="name", rigs=users)
+            await trio.to_thread.run_sync(self.shelf.remove, ws, name)
+        return {"name": name, "workspace": ws, "removed": True}
+
+    async def _start_from_snapshot(self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB,
+                                   policy: Policy | None) -> LiveRig:
+        """``rig.open {snapshot}``: a rig restored from the named snapshot's RAM and disk, made
+        unique as a fork's copy is; its memory, vCPUs and display are the snapshot's."""
+        name = params.snapshot
+        assert name is not None
+        key = (ws_id, name)
+        async with self._snapshot_lock:
+            image = await trio.to_thread.run_sync(self.shelf.open, ws_id, name)
+            if image.spec.surface is not params.surface:
+                raise FieldError("snapshot", f"is a {image.spec.surface} snapshot; this open asks for a "
+                                             f"{params.surface} rig")
+            users = self.snapshot_users.setdefault(key, set())
+            spec = image.spec
+            params = dataclasses.replace(params, memory_mb=spec.memory_mb, vcpus=spec.vcpus)
+            async with self._admission:
+                decision = plan_admission(
+                    [rig_state(r, self.clock()) for r in self.live.values()],
+                    budget_mb=self.memory_budget_mb, need_mb=spec.memory_mb, now=self.clock(),
+                )
+                if not isinstance(decision, Admit):
+                    raise Conflict(decision.reason, field="memoryMb", budgetMb=self.memory_budget_mb)
+                for victim in decision.evict:
+                    other = self.live.get(victim)
+                    if other is not None:
+                        await self._reap(other, CloseReason.IDLE_TIMEOUT,
+                                         f"evicted to make room in the {self.memory_budget_mb} MB budget")
+                row = self.new_row(params, ws_id, policy, created_by=caller.user.id, image_ref=spec.image,
+                                   start_note=f"resumed from snapshot {name!r}: processes continue "
+                                              "with the memory they had when it was taken; machine-id, "
+                                              "MAC and kernel RNG are this rig's own")
+                if spec.display is not None:
+                    row.display_w, row.display_h = spec.display
+                rig = await self.launch(row, db, params, policy, caller=caller, fork=image)
+                users.add(row.id)
+
+        async def release() -> None:
+            await rig.settled.wait()
+            rig.fork = None
+            async with self._snapshot_lock:
+                users.discard(row.id)
+                if not users:
+                    self.snapshot_users.pop(key, None)
+
+        assert self._nursery is not None
+        self._nursery.start_soon(release)
+        return rig
 
     async def _drop_fork_image(self, image: ForkImage, children: Sequence[LiveRig]) -> None:
         for child in children:

@@ -129,12 +129,36 @@ class OpenParams:
     backend_named: bool = False
     #: A browser rig's profile (the owner's; rigd.browser.profiles), or None: a clean start.
     profile: str | None = None
+    #: A named snapshot of the workspace to resume (issue 29), or None.
+    snapshot: str | None = None
 
 
 OPEN_FIELDS = {
     "workspace", "surface", "conversation", "engine", "backend", "display", "memoryMb",
-    "vcpus", "ttlS", "idleS", "egress", "wait", "profile",
+    "vcpus", "ttlS", "idleS", "egress", "wait", "profile", "snapshot",
 }
+
+SNAPSHOT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SNAPSHOT_NAME_RULE = ("1-64 characters of letters, digits, '.', '_' and '-', starting with a letter "
+                      "or digit (no '/', '..' or NUL)")
+
+
+def snapshot_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a snapshot name (issue 29), or None."""
+    if not isinstance(name, str) or not name:
+        return f"is required: {SNAPSHOT_NAME_RULE}"
+    if len(name.encode("utf-8", "surrogatepass")) > 64:
+        return f"is over 64 bytes; {SNAPSHOT_NAME_RULE}"
+    if not SNAPSHOT_NAME_RE.fullmatch(name) or ".." in name:
+        return f"must be {SNAPSHOT_NAME_RULE}"
+    return None
+
+
+def snapshot_name(params: dict[str, Any], name: str) -> str:
+    problem = snapshot_name_problem(params.get(name))
+    if problem is not None:
+        raise FieldError(name, problem)
+    return str(params[name])
 
 
 def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenParams:
@@ -210,8 +234,14 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
         if surface is not Surface.BROWSER:
             raise FieldError("profile", f"only browser rigs take a profile, not {surface}")
         profile = parse_profile_name(params["profile"])
+    snapshot = None
+    if params.get("snapshot") is not None:
+        if surface not in (Surface.TERMINAL, Surface.COMPUTER):
+            raise FieldError("snapshot", f"only terminal and computer rigs open from a snapshot, "
+                                         f"not {surface}")
+        snapshot = snapshot_name(params, "snapshot")
     return OpenParams(
-        profile=profile,
+        profile=profile, snapshot=snapshot,
         workspace=workspace, surface=surface, conversation=conversation, engine=engine,
         backend=backend, display=display, memory_mb=memory_mb, vcpus=vcpus, ttl_s=ttl_s,
         idle_s=idle_s, egress_allow=allow, egress_defaults=defaults,
@@ -254,9 +284,37 @@ def parse_fork(raw: object) -> ForkParams:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotRef:
+    """``snapshot.create {rigId, name}`` (``rig_id``), ``snapshot.rm {workspace, name}``."""
+
+    name: str
+    rig_id: str | None = None
+    workspace: str | None = None
+
+
+def parse_snapshot_create(raw: object) -> SnapshotRef:
+    params = obj(raw)
+    no_extra(params, {"rigId", "name"})
+    return SnapshotRef(snapshot_name(params, "name"), rig_id=ident(params, "rigId"))
+
+
+def parse_snapshot_rm(raw: object) -> SnapshotRef:
+    params = obj(raw)
+    no_extra(params, {"workspace", "name"})
+    return SnapshotRef(snapshot_name(params, "name"), workspace=string(params, "workspace", max_len=128))
+
+
+@dataclass(frozen=True, slots=True)
 class ListParams:
     workspace: str
     include_closed: bool
+
+
+def parse_workspace_ref(raw: object) -> ListParams:
+    """``{workspace}`` (snapshot.list)."""
+    params = obj(raw)
+    no_extra(params, {"workspace"})
+    return ListParams(string(params, "workspace", max_len=128), False)
 
 
 def parse_list(raw: object) -> ListParams:

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.integration.conftest import Server, exec_, open_terminal
+from tests.integration.conftest import (
+    Server,
+    exec_,
+    make_data_dir,
+    open_terminal,
+    reap,
+    remove_tree,
+    serving,
+    start_server,
+)
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
 
@@ -102,3 +112,48 @@ def test_a_terminal_fork_continues_processes_with_its_own_files_and_identity(sha
     assert wait_count(srv, grandchild["id"], at_fork)[0] == counter_pid
     for rid in [pid, *ids, grandchild["id"]]:
         srv.call("rig.close", {"rigId": rid})
+
+
+def test_a_named_snapshot_survives_a_killed_server_and_opens_twice() -> None:
+    """snapshot.create keeps RAM and disk under the workspace; a server killed with SIGKILL
+    and started again lists it, and each of two opens resumes it as a machine of its own."""
+    data_dir = make_data_dir()
+    first = start_server(data_dir)
+    try:
+        srv = first
+        parent = open_terminal(srv)
+        sh(srv, parent["id"], "echo kept > /root/note && " + COUNTER)
+        counter_pid, at_snapshot = wait_count(srv, parent["id"], 3)
+        kept = srv.call("snapshot.create", {"rigId": parent["id"], "name": "after-setup"})
+        assert kept["name"] == "after-setup" and kept["surface"] == "terminal", kept
+        assert kept["sourceRig"] == parent["id"] and kept["bytes"] > 0
+        err = srv.error("snapshot.create", {"rigId": parent["id"], "name": "../x"})
+        assert err["data"]["field"] == "name", err
+        first.proc.send_signal(signal.SIGKILL)  # (the next server kills the QEMU it left)
+        first.proc.wait(timeout=30)
+        with serving(data_dir) as srv:
+            [listed] = srv.call("snapshot.list", {"workspace": "default"})
+            assert listed["name"] == "after-setup" and listed["bytes"] == kept["bytes"]
+            rigs = [srv.call("rig.open", {"workspace": "default", "surface": "terminal",
+                                          "snapshot": "after-setup"}) for _ in range(2)]
+            for rig in rigs:
+                assert rig["phase"] == "ready", rig
+                assert any("resumed from snapshot 'after-setup'" in n for n in rig["notes"])
+                assert sh(srv, rig["id"], "cat /root/note") == "kept\n"
+                pid, n = count(srv, rig["id"])
+                assert pid == counter_pid and n >= at_snapshot
+                assert wait_count(srv, rig["id"], n)[0] == counter_pid
+            sh(srv, rigs[0]["id"], "echo one > /root/only-here")
+            assert sh(srv, rigs[1]["id"], "test -e /root/only-here && echo there || echo absent") == "absent\n"
+            assert len({sh(srv, r["id"], "cat /etc/machine-id") for r in rigs}) == 2
+            err = srv.error("snapshot.rm", {"workspace": "default", "name": "missing"})
+            assert err["data"]["field"] == "name", err
+            srv.call("snapshot.rm", {"workspace": "default", "name": "after-setup"})
+            assert srv.call("snapshot.list", {"workspace": "default"}) == []
+            err = srv.error("rig.open", {"workspace": "default", "surface": "terminal",
+                                         "snapshot": "after-setup"})
+            assert err["data"]["field"] == "snapshot", err
+    finally:
+        first.stop()
+        reap(data_dir)
+        remove_tree(data_dir)

@@ -258,6 +258,23 @@ def test_terminal_rig_from_open_to_close(site: Site) -> None:
     row = page.locator(f"#rigs-body tr[data-rig={rig}]")
     assert "terminal" in row.inner_text() and "not a security boundary" in row.inner_text()
 
+    # Fork and Snapshot (issue 29) are on the row: a copy shows up forked from it; a snapshot
+    # is listed with the workspace's, opens no rig until asked, and goes when removed.
+    row.get_by_role("button", name=f"Fork {rig}").click()
+    copy_row = page.locator("#rigs-body tr", has_text=f"forked from {rig}")
+    copy_row.wait_for(timeout=120_000)
+    copy = copy_row.get_attribute("data-rig")
+    assert copy and copy != rig and copy_row.get_attribute("data-phase") == "ready"
+    page.once("dialog", lambda d: d.accept("page-snap"))
+    row.get_by_role("button", name=f"Snapshot {rig}").click()
+    snap = page.locator("#snapshots-body tr[data-snapshot='page-snap']")
+    snap.wait_for(timeout=60_000)
+    assert "terminal" in snap.inner_text() and rig in snap.inner_text()
+    snap.get_by_role("button", name="Remove snapshot page-snap").click()
+    snap.wait_for(state="detached")
+    copy_row.get_by_role("button", name=f"Close {copy}").click()
+    copy_row.wait_for(state="detached")
+
     # Its tab is an interactive terminal over the PTY WebSocket.
     row.get_by_role("link", name=f"Open the tab of {rig}").click()
     page.wait_for_url(f"**{HOME}/{rig}")
@@ -270,6 +287,13 @@ def test_terminal_rig_from_open_to_close(site: Site) -> None:
     page.wait_for_function("() => document.querySelector('#terminal').textContent.includes('done-42')",
                            timeout=60_000)
     assert exec_text(srv, rig, "cat /root/page.txt")["stdout"]["text"].strip() == "page-42 héllo 世界"
+    # The tab forks too; the copy has what was typed, and its tab says whose copy it is.
+    page.get_by_role("button", name="Fork", exact=True).click()
+    forked = page.locator("#tab-status a").first
+    forked.wait_for(timeout=120_000)
+    tab_copy = (forked.text_content() or "").split()[0]
+    assert exec_text(srv, tab_copy, "cat /root/page.txt")["stdout"]["text"].strip() == "page-42 héllo 世界"
+    srv.call("rig.close", {"rigId": tab_copy})
 
     # Files: pick two, they land in ~/drops with a progress bar; one comes back out.
     page.locator("#drop-pick").set_input_files([

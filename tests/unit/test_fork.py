@@ -11,7 +11,9 @@ import trio
 from rigd.backends.fake import FakeBackend
 from rigd.errors import Conflict, FieldError, NotFound
 from rigd.model import Surface
+from rigd.rigs.guard import SNAPSHOT_QUOTA, WorkspaceSettings
 from rigd.rigs.manager import Caller
+from rigd.rigs.snapshots import SnapshotShelf
 from tests.unit import test_pressure
 from tests.unit.test_pressure import World
 
@@ -141,3 +143,91 @@ async def test_a_browser_fork_seeds_fresh_engines_with_the_parent_engines_state(
         assert machine.spec.browser_state.tabs == [f"https://example.com/{parent['id']}"]
     row = (await log_of(world, parent["id"]))[-1]
     assert row["verb"] == "fork" and row["args"]["freshEngines"] is True
+
+
+# -- named snapshots -------------------------------------------------------------------------
+
+
+async def test_a_named_snapshot_opens_twice_and_goes_when_removed(world: World) -> None:
+    parent = await world.open(surface="computer", display={"width": 1024, "height": 768}, memoryMb=2048)
+    kept = await world.api.call("snapshot.create", world.agent, {"rigId": parent["id"], "name": "base-1"})
+    assert kept["name"] == "base-1" and kept["surface"] == "computer" and kept["sourceRig"] == parent["id"]
+    assert kept["bytes"] == len(b"fake disk") + len(b"fake memory")
+    assert [s["name"] for s in await world.api.call("snapshot.list", world.person, {"workspace": "default"})] == [
+        "base-1"]
+    assert (await log_of(world, parent["id"]))[-1]["verb"] == "snapshot"
+    opened = []
+    for _ in range(2):
+        rig = await world.open(surface="computer", snapshot="base-1")
+        assert rig["phase"] == "ready" and rig["memoryMb"] == 2048
+        assert rig["display"] == {"width": 1024, "height": 768}
+        assert any("resumed from snapshot 'base-1'" in n for n in rig["notes"])
+        assert (await log_of(world, rig["id"]))[0]["args"]["snapshot"] == "base-1"
+        opened.append(rig["id"])
+    machines = world.computer.machines[1:]
+    assert [m.spec.fork.parent for m in machines if m.spec.fork] == ["snapshot base-1"] * 2
+    await world.api.call("snapshot.rm", world.person, {"workspace": "default", "name": "base-1"})
+    assert await world.api.call("snapshot.list", world.person, {"workspace": "default"}) == []
+    with pytest.raises(NotFound):
+        await world.open(surface="computer", snapshot="base-1")
+
+
+async def test_snapshots_live_on_disk_and_a_damaged_one_fails_saying_which_file(world: World) -> None:
+    parent = await world.open()
+    for name in ("kept", "spoilt"):
+        await world.api.call("snapshot.create", world.agent, {"rigId": parent["id"], "name": name})
+    # Nothing of them is in memory: a new shelf on the same directory (as after a restart) has them.
+    world.rigs.shelf = SnapshotShelf(world.rigs.shelf.root)
+    names = [s["name"] for s in await world.api.call("snapshot.list", world.person, {"workspace": "default"})]
+    assert names == ["kept", "spoilt"]
+    spoilt = next(world.rigs.shelf.root.glob("*/spoilt/memory.zst"))
+    spoilt.write_bytes(b"fake memorx")
+    with pytest.raises(Conflict, match=r"memory\.zst is damaged"):
+        await world.open(snapshot="spoilt")
+    assert len(world.terminal.machines) == 1  # nothing else booted
+    assert (await world.open(snapshot="kept"))["phase"] == "ready"
+    # What a crash left half-made is swept at start; the kept ones stay.
+    half = world.rigs.shelf.root / parent["workspace"] / ".tmp-x-1234"
+    half.mkdir()
+    world.rigs.shelf.sweep()
+    assert not half.exists() and len(world.rigs.shelf.list(parent["workspace"])) == 2
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "a..b", "x\x00y", "é", "n" * 65, ".hidden", 7])
+async def test_bad_snapshot_names_are_field_errors_naming_name(world: World, name: object) -> None:
+    parent = await world.open()
+    with pytest.raises(FieldError) as exc:
+        await world.api.call("snapshot.create", world.agent, {"rigId": parent["id"], "name": name})
+    assert exc.value.field == "name"
+    with pytest.raises(FieldError) as exc:
+        await world.open(snapshot=name)
+    assert exc.value.field == "snapshot"
+    assert world.terminal.frozen == []
+
+
+async def test_a_duplicate_name_a_full_quota_and_a_browser_rig_create_nothing(world: World) -> None:
+    parent = await world.open()
+    await world.api.call("snapshot.create", world.agent, {"rigId": parent["id"], "name": "one"})
+    with pytest.raises(Conflict) as exc:
+        await world.api.call("snapshot.create", world.agent, {"rigId": parent["id"], "name": "one"})
+    assert exc.value.data["field"] == "name"
+
+    async def quota(_ws: str) -> WorkspaceSettings:
+        return WorkspaceSettings({SNAPSHOT_QUOTA: 0}, {})
+
+    world.rigs.settings_of = quota
+    with pytest.raises(Conflict, match=r"snapshots\.quotaMb") as exc:
+        await world.api.call("snapshot.create", world.agent, {"rigId": parent["id"], "name": "two"})
+    assert exc.value.data["quotaMb"] == 0
+    world.rigs.settings_of = None
+    world.rigs.backends[Surface.BROWSER] = FakeBackend()
+    browser = await world.open(surface="browser")
+    with pytest.raises(FieldError, match="profile") as fexc:
+        await world.api.call("snapshot.create", world.agent, {"rigId": browser["id"], "name": "three"})
+    assert fexc.value.field == "rigId"
+    with pytest.raises(FieldError) as fexc:
+        await world.open(surface="computer", snapshot="one")  # a terminal snapshot
+    assert fexc.value.field == "snapshot"
+    assert [s["name"] for s in await world.api.call("snapshot.list", world.person, {"workspace": "default"})] == [
+        "one"]
+    assert len(world.terminal.frozen) == 1

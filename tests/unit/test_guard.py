@@ -18,7 +18,7 @@ from rigd.errors import Conflict, FieldError, Forbidden, NotFound
 from rigd.model import Accel, ActionClass, Surface
 from rigd.rigs.api import RigApi
 from rigd.rigs.events import APPROVAL_DECIDED, APPROVAL_REQUESTED
-from rigd.rigs.guard import Guard, Rules, WorkspaceSettings, custom_image, verdict
+from rigd.rigs.guard import Guard, Rules, WorkspaceSettings, custom_image, parse_setting, verdict
 from rigd.rigs.manager import Caller, RigManager
 from rigd.server.methods import build_methods
 from rigd.server.rpc import Dispatcher
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(30)
 
 EXEC = {"action": "exec", "argv": ["echo", "hi"]}
 DEFAULTS = {"guard.readOnly": False, "guard.askFirst": [], "rigs.smolvm.execImage": None,
-            "rigs.smolvm.browserImage": None}
+            "rigs.smolvm.browserImage": None, "snapshots.quotaMb": 20480}
 
 
 class World:
@@ -506,3 +506,11 @@ def test_custom_image_checks_again_at_boot_and_says_what_the_browser_key_does() 
     assert got is None and note is not None and "Chromium rigs only" in note
     assert custom_image(browser, "browser", "chromium") == (ref, None)
     assert custom_image(browser, "terminal", None) == (None, None)  # each surface its own key
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "20", True, 16 * 1024 * 1024 + 1])
+def test_the_snapshot_quota_is_a_bounded_whole_number_of_mb(value: object) -> None:
+    with pytest.raises(FieldError) as exc:
+        parse_setting("snapshots.quotaMb", value)
+    assert exc.value.field == "value"
+    assert parse_setting("snapshots.quotaMb", 0)[1] == 0

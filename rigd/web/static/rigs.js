@@ -23,6 +23,11 @@ export class RigsScreen {
     const open = h("form.inline", { "aria-label": "Open a rig", onsubmit: (e) => { e.preventDefault(); this.open(); } },
       h("label", { for: "open-surface" }, "Surface"), this.surface,
       h("button.primary", { type: "submit", id: "open-rig" }, "Open rig"));
+    // Named snapshots of the workspace (issue 29): what a rig's "Snapshot" kept, to open again.
+    this.snapBody = h("tbody", { id: "snapshots-body" });
+    const snapTable = h("table.rigs", { "aria-labelledby": "snapshots-title" },
+      h("thead", {}, h("tr", {}, ["Snapshot", "Surface", "Size", "Taken", "From rig", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
+      this.snapBody);
     replace(ctx.main,
       h("section.card", { "aria-labelledby": "rigs-title" },
         h("div.row", {},
@@ -30,6 +35,10 @@ export class RigsScreen {
           h("div.inline", {}, h("label", { for: "workspace" }, "Workspace"), this.select), open),
         this.status,
         h("div.scroll", {}, table)),
+      h("section.card", { "aria-labelledby": "snapshots-title" },
+        h("h2", { id: "snapshots-title" }, "Snapshots"),
+        h("p.muted", {}, "A snapshot keeps a running terminal or computer rig's memory and disk; each open resumes it as a rig of its own."),
+        h("div.scroll", {}, snapTable)),
       this.panel.element);
     this.timer = setInterval(() => this.tick(), 1000);
     this.load();
@@ -63,6 +72,64 @@ export class RigsScreen {
     localStorage.setItem(WS_KEY, workspace);
     this.ctx.socket.subscribe(workspace);
     await this.reload();
+    await this.loadSnapshots();
+  }
+
+  async loadSnapshots() {
+    try {
+      const list = await call("snapshot.list", { workspace: this.workspace });
+      if (this.disposed) return;
+      replace(this.snapBody, list.length ? list.map((s) => h("tr", { dataset: { snapshot: s.name } },
+        h("th", { scope: "row" }, s.name),
+        h("td", {}, s.surface),
+        h("td", {}, `${Math.ceil(s.bytes / 1048576)} MB`),
+        h("td", {}, new Date(s.createdAt).toLocaleString()),
+        h("td", {}, s.sourceRig),
+        h("td.actions", {},
+          h("button", { type: "button", "aria-label": `Open a rig from ${s.name}`, onclick: () => this.openSnapshot(s) }, "Open"),
+          h("button.danger", { type: "button", "aria-label": `Remove snapshot ${s.name}`, onclick: () => this.removeSnapshot(s) }, "Remove"))))
+        : h("tr", {}, h("td", { colspan: 6 }, "No snapshots. A ready terminal or computer rig's Snapshot button keeps one.")));
+    } catch (e) { this.fail(e); }
+  }
+
+  async snapshot(rig) {
+    const name = prompt(`Name the snapshot of ${rig.id} (letters, digits, . _ -)`, `${rig.surface}-${new Date().toISOString().slice(0, 16).replace(/[:T]/g, "-")}`);
+    if (!name) return;
+    announce(this.status, `Keeping ${rig.id} as ${name}…`);
+    try {
+      const kept = await call("snapshot.create", { rigId: rig.id, name });
+      announce(this.status, `Kept ${rig.id} as snapshot ${kept.name} (${Math.ceil(kept.bytes / 1048576)} MB).`, "ok");
+      await this.loadSnapshots();
+    } catch (e) { this.fail(e); }
+  }
+
+  async openSnapshot(s) {
+    announce(this.status, `Opening a rig from snapshot ${s.name}…`);
+    try {
+      const rig = await call("rig.open", { workspace: this.workspace, surface: s.surface, snapshot: s.name, wait: false });
+      this.rigs.set(rig.id, rig);
+      this.render();
+      announce(this.status, `Opened ${rig.id} from snapshot ${s.name} (${rig.phase}).`, "ok");
+    } catch (e) { this.fail(e); }
+  }
+
+  async removeSnapshot(s) {
+    announce(this.status, `Removing snapshot ${s.name}…`);
+    try {
+      await call("snapshot.rm", { workspace: this.workspace, name: s.name });
+      announce(this.status, `Removed snapshot ${s.name}.`, "ok");
+      await this.loadSnapshots();
+    } catch (e) { this.fail(e); }
+  }
+
+  async fork(rig) {
+    announce(this.status, `Forking ${rig.id}…`);
+    try {
+      const { rigs } = await call("rig.fork", { rigId: rig.id, count: 1 });
+      for (const copy of rigs) this.rigs.set(copy.id, copy);
+      this.render();
+      announce(this.status, `Forked ${rig.id}: ${rigs.map((r) => `${r.id} (${r.phase})`).join(", ")}.`, "ok");
+    } catch (e) { this.fail(e); }
   }
 
   async reload() {
@@ -160,13 +227,16 @@ export class RigsScreen {
       running && !mine && h("button", { type: "button", onclick: () => this.act(rig, "Taking control of", "rig.control", { rigId: rig.id, op: "take" }) }, "Take control"),
       running && mine && h("button", { type: "button", onclick: () => this.act(rig, "Handing back", "rig.control", { rigId: rig.id, op: "release" }) }, "Hand back"),
       rig.phase === "ready" && h("button", { type: "button", onclick: () => this.act(rig, "Parking", "rig.park", { rigId: rig.id }) }, "Park"),
+      rig.phase === "ready" && h("button", { type: "button", "aria-label": `Fork ${rig.id}`, onclick: () => this.fork(rig) }, "Fork"),
+      rig.phase === "ready" && rig.surface !== "browser" && h("button", { type: "button", "aria-label": `Snapshot ${rig.id}`, onclick: () => this.snapshot(rig) }, "Snapshot"),
       failed && h("button", { type: "button", onclick: () => this.act(rig, "Retrying", "rig.retry", { rigId: rig.id }) }, "Retry"),
       h("button.danger", { type: "button", "aria-label": `Close ${rig.id}`, onclick: () => this.act(rig, "Closing", "rig.close", { rigId: rig.id }) }, "Close"),
     ];
     const controller = rig.controller ? `${rig.controller.kind}${rig.controller.kind === "person" && rig.controller.id === me.id ? " (you)" : ""}` : "—";
     const memory = rig.residentMb ? `${rig.residentMb} / ${rig.memoryMb} MB` : `${rig.memoryMb} MB`;
     return h("tr", { dataset: { rig: rig.id, phase: rig.phase } },
-      h("th", { scope: "row" }, h("a", { href: `/settings/server/rigs/${encodeURIComponent(rig.id)}`, "data-nav": true }, rig.id)),
+      h("th", { scope: "row" }, h("a", { href: `/settings/server/rigs/${encodeURIComponent(rig.id)}`, "data-nav": true }, rig.id),
+        rig.forkedFrom ? h("div.muted", {}, `forked from ${rig.forkedFrom}`) : null),
       h("td", {}, rig.engine ? `${rig.surface} (${rig.engine})` : rig.surface),
       h("td.phase", {}, h("span.phase", { dataset: { phase: rig.phase } }, rig.phase),
         rig.phaseDetail ? h("div.muted", {}, rig.phaseDetail) : null,

@@ -28,6 +28,8 @@ export class RigTab {
     ctx.setCrumb(rigId);
     this.title = h("h1", { id: "rig-title" }, rigId);
     this.state = h("div.state", { id: "rig-state" });
+    // Fork and Snapshot (issue 29), beside the title (no line of their own above the screen).
+    this.actions = h("div.inline", { id: "rig-actions" });
     this.banner = h("div.banner", { role: "alert", id: "rig-banner", hidden: true });
     this.control = h("div.control", { id: "control", "aria-live": "polite" });
     this.status = h("p.status", { role: "status", "aria-live": "polite", id: "tab-status" });
@@ -38,7 +40,7 @@ export class RigTab {
     this.logMore = h("button", { type: "button", id: "log-older", hidden: true, onclick: () => this.loadLog(true) }, "Older entries");
     replace(ctx.main,
       h("section.card", { "aria-labelledby": "rig-title" },
-        h("div.row", {}, this.title, h("a", { href: "/settings/server/rigs", "data-nav": true }, "← All rigs")),
+        h("div.row", {}, this.title, this.actions, h("a", { href: "/settings/server/rigs", "data-nav": true }, "← All rigs")),
         this.banner, this.state, this.ports, this.control, this.status, this.stage, this.tools),
       h("section.card", { "aria-labelledby": "log-title" },
         h("div.row", {}, h("h2", { id: "log-title" }, "Audit log"),
@@ -174,10 +176,33 @@ export class RigTab {
       ["Display", rig.display ? `${rig.display.width}×${rig.display.height}` : "—"],
       ["Memory", rig.residentMb ? `${rig.residentMb} of ${rig.memoryMb} MB resident` : `${rig.memoryMb} MB`],
     ];
+    if (rig.forkedFrom) facts.push(["Forked from", h("a", { href: `/settings/server/rigs/${encodeURIComponent(rig.forkedFrom)}`, "data-nav": true }, rig.forkedFrom)]);
+    // Fork and Snapshot (issue 29): copies of this instant, or this instant kept by name.
+    replace(this.actions, rig.phase === "ready" ? [
+      h("button", { type: "button", id: "fork-rig", onclick: () => this.fork() }, "Fork"),
+      rig.surface !== "browser" ? h("button", { type: "button", id: "snapshot-rig", onclick: () => this.snapshot() }, "Snapshot") : null] : []);
     replace(this.state, h("dl.facts", {}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { fact: k.toLowerCase() } }, v)])),
       rig.securityBoundary === false ? h("span.badge.danger", {}, "TCG — not a security boundary") : null);
     this.renderControl();
     if (this.view && this.view.setControl) this.view.setControl(this.mine());
+  }
+
+  async fork() {
+    announce(this.status, "Forking this rig…");
+    try {
+      const { rigs } = await call("rig.fork", { rigId: this.rigId, count: 1 });
+      replace(this.status, "Forked: ", rigs.map((r) => h("a", { href: `/settings/server/rigs/${encodeURIComponent(r.id)}`, "data-nav": true }, `${r.id} (${r.phase})`)));
+    } catch (e) { announce(this.status, describe(e), "error"); }
+  }
+
+  async snapshot() {
+    const name = prompt("Name the snapshot (letters, digits, . _ -)", `${this.rig.surface}-${new Date().toISOString().slice(0, 16).replace(/[:T]/g, "-")}`);
+    if (!name) return;
+    announce(this.status, `Keeping this rig as ${name}…`);
+    try {
+      const kept = await call("snapshot.create", { rigId: this.rigId, name });
+      announce(this.status, `Kept as snapshot ${kept.name} (${Math.ceil(kept.bytes / 1048576)} MB); the workspace's rigs page lists it.`, "ok");
+    } catch (e) { announce(this.status, describe(e), "error"); }
   }
 
   renderControl() {
