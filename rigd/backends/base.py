@@ -40,6 +40,17 @@ class NetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class VolumeMount:
+    """A workspace volume attached to a machine (issue 29): its host file, where the guest
+    mounts it, and whether only for reading."""
+
+    name: str
+    image: Path
+    path: str
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ForkImage:
     """A running machine frozen for a fork (``rig.fork``): its RAM (``memory``, zstd) and a
     copy of its disk overlay (``disk``), taken in one pause, in a directory of their own
@@ -85,6 +96,8 @@ class MachineSpec:
     #: A browser fork's seed: the parent engine's cookies, storage and tabs, put into this
     #: rig's fresh engine before its first verb (kept nowhere: not a saved profile).
     browser_state: ProfileState | None = None
+    #: Volumes to attach (virtio-blk, by fd) and mount (terminal rigs).
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +220,11 @@ class Machine(Protocol):
 
     async def wake(self) -> None:
         """Resume the vCPUs after :meth:`park`."""
+        ...
+
+    async def quiesce(self) -> None:
+        """Before a requested close, while the guest still answers: flush and unmount what
+        must outlive the machine (its volumes). Never raises; bounded in time."""
         ...
 
     def resident_mb(self) -> int:

@@ -46,6 +46,8 @@ class FakeMachine:
     fake_lanes: FakeLanes | None = None
     #: The profile a hand-over gave the machine: (owner, name); set from the spec at boot.
     profile: tuple[str, str] | None = None
+    #: ``quiesce`` ran (a requested close, before the teardown).
+    quiesced: bool = False
 
     def port_channel(self) -> Path | None:
         return None
@@ -138,6 +140,10 @@ class FakeMachine:
     def network_info(self) -> dict[str, Any]:
         allow = list(getattr(self.policy, "allow", ())) if self.policy is not None else []
         return {"mode": "fake", "allow": allow}
+
+    async def quiesce(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.quiesced = True
 
     async def wake(self) -> None:
         self.parked = False

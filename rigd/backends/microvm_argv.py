@@ -289,3 +289,28 @@ def microvm_argv(
     if sandbox:
         argv += ["-sandbox", sandbox_opts]
     return argv
+
+
+#: The first ``-add-fd`` set of a rig's volumes (sets are per QEMU process).
+VOLUME_FDSET = 10
+
+
+def volume_serial(index: int) -> str:
+    """The virtio-blk serial the guest finds volume ``index`` by (``/sys/block/vd*/serial``)."""
+    return f"rigd-vol{index}"
+
+
+def volume_argv(read_only: Sequence[bool], fds: Sequence[Sequence[int]], *, bus: str = "device") -> list[str]:
+    """Volumes as virtio-blk disks backed by fds the host opened and passes (``-add-fd``):
+    QEMU never opens a volume by path (their directory is root's only). A writer's set holds
+    a read-write and a read-only fd (QEMU opens the image read-only first, and an fd set
+    answers only an open of its own access mode)."""
+    out: list[str] = []
+    for i, (ro, group) in enumerate(zip(read_only, fds, strict=True)):
+        fdset = VOLUME_FDSET + i
+        for j, fd in enumerate(group):
+            out += ["-add-fd", f"fd={fd},set={fdset},opaque=volume{i}.{j}"]
+        out += ["-drive", f"id=vol{i},file=/dev/fdset/{fdset},format=raw,if=none,"
+                          f"readonly={'on' if ro else 'off'},discard=unmap",
+                "-device", f"virtio-blk-{bus},drive=vol{i},serial={volume_serial(i)}"]
+    return out

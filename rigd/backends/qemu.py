@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -43,13 +44,19 @@ import trio
 from netgate.gateway import close_fd
 from netgate.policy import Policy
 from netgate.usermode import SOCKET_NAME, UserGate
-from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec
+from rigd.backends.base import ExecResult, Frame, MachineInfo, MachineSpec, VolumeMount
 from rigd.backends.confine import Identity, give
 from rigd.backends.evidence import evidence_dir, write_evidence
 from rigd.backends.gates import USER_SANDBOX, NetGate, NetworkConfig
 from rigd.backends.guest_client import GuestConnection, iterate
 from rigd.backends.lanes import DropReceiver, GuestLanes
-from rigd.backends.microvm_argv import PORTS_SOCKET, SANDBOX, default_tcg_threads
+from rigd.backends.microvm_argv import (
+    PORTS_SOCKET,
+    SANDBOX,
+    default_tcg_threads,
+    volume_argv,
+    volume_serial,
+)
 from rigd.backends.procs import proc_start_ticks, resident_mb
 from rigd.backends.qmp_client import QMPConnection
 from rigd.backends.recipe import BootRecipe, Driver, ProfileTaker, RigPaths
@@ -91,6 +98,9 @@ def timeouts_for(accel: Accel) -> tuple[float, float]:
 #: How long a warm start may take before the rig boots cold instead (it
 #: normally takes well under a second, also under TCG).
 RESTORE_DEADLINE_S = 30.0
+#: How long a volume's filesystem check at attach, and its flush and unmount at close, may take.
+VOLUME_CHECK_S = 120.0
+VOLUME_UNMOUNT_S = 20.0
 
 
 @dataclass(slots=True)
@@ -103,6 +113,7 @@ class QemuConfig:
     qemu: str = "qemu-system-x86_64"
     qemu_img: str = "qemu-img"
     zstd: str = "zstd"
+    e2fsck: str = "e2fsck"
     #: Restore rigs from memory snapshots (``RIGD_WARM_STARTS=0`` turns it off).
     warm_starts: bool = dataclasses.field(default_factory=warm_starts_enabled)
     #: Give every rig a NIC behind its own egress gateway (None: no network at all).
@@ -188,6 +199,8 @@ class QemuMachine:
         self._shutting_down = False
         #: Started to restore a snapshot (``-incoming``), not to boot.
         self._incoming = False
+        #: The volumes were flushed and unmounted (before a close).
+        self._volumes_released = False
         who = recipe.identity(spec)
         self.accel = who.accel
         _boot, self.grace = timeouts_for(who.accel)
@@ -221,9 +234,110 @@ class QemuMachine:
 
     # -- boot ---------------------------------------------------------------
 
-    def argv(self, *, incoming: bool = False, tap_fd: int | None = None) -> list[str]:
-        return self.recipe.argv(self.spec, self.paths, mac=rig_mac(self.spec.rig_id),
+    def argv(self, *, incoming: bool = False, tap_fd: int | None = None,
+             volume_fds: Sequence[Sequence[int]] = ()) -> list[str]:
+        argv = self.recipe.argv(self.spec, self.paths, mac=rig_mac(self.spec.rig_id),
                                 incoming=incoming, tap_fd=tap_fd)
+        if self.spec.volumes:
+            argv += volume_argv([v.read_only for v in self.spec.volumes], volume_fds)
+        return argv
+
+    async def _open_volumes(self) -> list[list[int]]:
+        """Open each volume for QEMU (the fds it gets). A writer's file is the rig's uid's while
+        attached, and its filesystem is checked as that uid first (``e2fsck -p`` on the fd):
+        what a guest wrote is parsed by no privileged process. A filesystem with errors it
+        cannot mend fails the open naming the volume. A reader's is checked by the guest
+        kernel at its read-only mount."""
+        groups: list[list[int]] = []
+        try:
+            for vol in self.spec.volumes:
+                group: list[int] = []
+                groups.append(group)
+                for mode in ((os.O_RDONLY,) if vol.read_only else (os.O_RDWR, os.O_RDONLY)):
+                    try:
+                        group.append(os.open(vol.image, mode | os.O_CLOEXEC))
+                    except OSError as exc:
+                        raise BackendError(f"volume {vol.name}: cannot open its disk: "
+                                           f"{exc.strerror}") from exc
+                if not vol.read_only:  # (a reader's disk is the kernel's to check, read-only, at mount)
+                    if self.identity.per_rig:
+                        os.fchown(group[0], self.identity.uid, self.identity.gid)
+                    await self._check_volume(vol, group[0])
+        except BaseException:
+            for fd in (fd for g in groups for fd in g):
+                close_fd(fd)
+            raise
+        return groups
+
+    async def _check_volume(self, vol: VolumeMount, fd: int) -> None:
+        ident = self.identity
+        extra: dict[str, Any] = {}
+        if ident.per_rig:
+            extra = {"user": ident.uid, "group": ident.gid, "extra_groups": []}
+        argv = [self.config.e2fsck, "-p", f"/proc/self/fd/{fd}"]
+        try:
+            with trio.fail_after(VOLUME_CHECK_S):
+                result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False,
+                                                pass_fds=(fd,), **extra)
+        except OSError as exc:
+            raise BackendError(f"volume {vol.name}: cannot run {argv[0]}: {exc.strerror}") from exc
+        except trio.TooSlowError:
+            raise BackendError(f"volume {vol.name}: checking its filesystem took over "
+                               f"{VOLUME_CHECK_S:.0f} s") from None
+        said = (result.stdout + result.stderr).decode(errors="replace").strip()[-300:]
+        # e2fsck: 0 clean, 1 errors corrected, 2 corrected (reboot: not ours), 4+ left or failed.
+        if result.returncode >= 4:
+            raise BackendError(f"volume {vol.name}: its filesystem has errors e2fsck did not mend "
+                               f"(exit {result.returncode}): {said}")
+        if result.returncode in (1, 2):
+            self.log.warning("volume filesystem mended", extra={"volume": vol.name, "e2fsck": said})
+
+    async def _mount_volumes(self) -> None:
+        """Mount each volume at its path in the guest (the tools disk's busybox: any image)."""
+        for i, vol in enumerate(self.spec.volumes):
+            serial = volume_serial(i)
+            script = (
+                "bb=/.rigd/bin/busybox; dev=; for d in /sys/block/vd*; do "
+                f"[ \"$($bb cat $d/serial 2>/dev/null)\" = {serial} ] && dev=/dev/${{d##*/}}; done; "
+                f"[ -n \"$dev\" ] || {{ echo 'no disk with serial {serial}' >&2; exit 3; }}; "
+                f"$bb mkdir -p {shlex.quote(vol.path)} && "
+                f"$bb mount -t ext4 -o {'ro' if vol.read_only else 'rw'},nodev,nosuid \"$dev\" "
+                f"{shlex.quote(vol.path)}"
+            )
+            result = await self.exec(["/.rigd/bin/busybox", "sh", "-c", script], cwd=None, env=None,
+                                     stdin=None, timeout_s=60, max_output=4096)
+            if result.exit_code != 0:
+                err = result.stderr.decode(errors="replace").strip()[-300:]
+                hint = ("; its journal needs a replay a reader cannot make: attach it read-write once"
+                        if vol.read_only and "Read-only" in err else "")
+                raise BackendError(f"volume {vol.name}: mounting it at {vol.path} failed "
+                                   f"(exit {result.exit_code}): {err}{hint}")
+
+    async def quiesce(self) -> None:
+        if self.spec.volumes and not self._volumes_released:
+            await self._unmount_volumes()
+
+    async def _unmount_volumes(self) -> None:
+        """Flush and unmount the volumes before QEMU quits (a quit is a power cut otherwise)."""
+        if self.guest is None or self.guest.closed:
+            return
+        self._volumes_released = True
+        paths = " ".join(shlex.quote(v.path) for v in reversed(self.spec.volumes))
+        with trio.move_on_after(VOLUME_UNMOUNT_S):
+            with contextlib.suppress(RigdError):
+                await self.exec(["/.rigd/bin/busybox", "sh", "-c",
+                                 f"/.rigd/bin/busybox sync; for p in {paths}; do "
+                                 "/.rigd/bin/busybox umount \"$p\" || /.rigd/bin/busybox sync; done"],
+                                cwd=None, env=None, stdin=None, timeout_s=VOLUME_UNMOUNT_S,
+                                max_output=4096)
+
+    def _return_volumes(self) -> None:
+        """The volumes are root's again once QEMU is gone."""
+        if not self.identity.per_rig:
+            return
+        for vol in self.spec.volumes:
+            with contextlib.suppress(OSError):
+                os.chown(vol.image, 0, 0)
 
     async def _start_qemu(self, *, incoming: bool = False) -> None:
         ident = self.identity
@@ -237,18 +351,24 @@ class QemuMachine:
             await self.gateway.listen(self.rig_dir / SOCKET_NAME, owner_uid=ident.uid)
         elif self.gateway is not None:
             tap_fd = await self.gateway.open_tap_fd()
-        argv = self.argv(incoming=incoming, tap_fd=tap_fd)
+        volume_fds: list[list[int]] = []
         try:
+            volume_fds = await self._open_volumes()
+            argv = self.argv(incoming=incoming, tap_fd=tap_fd, volume_fds=volume_fds)
             self.proc = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, start_new_session=True, cwd=str(self.rig_dir),
-                pass_fds=(tap_fd,) if tap_fd is not None else (), **extra,
+                pass_fds=(*((tap_fd,) if tap_fd is not None else ()),
+                          *(fd for g in volume_fds for fd in g)),
+                **extra,
             )
         except OSError as exc:
-            raise BackendError(f"cannot start QEMU ({argv[0]}): {exc.strerror}") from exc
+            raise BackendError(f"cannot start QEMU ({self.config.qemu}): {exc.strerror}") from exc
         finally:
             if tap_fd is not None:
                 close_fd(tap_fd)
+            for fd in (fd for g in volume_fds for fd in g):
+                close_fd(fd)
         self.info = dataclasses.replace(
             self.info, pid=self.proc.pid, pid_start_ticks=proc_start_ticks(self.proc.pid)
         )
@@ -281,6 +401,8 @@ class QemuMachine:
             await self._hello()
             if personalize:
                 await self._personalize(warm=False)
+            if self.spec.volumes:
+                await self._mount_volumes()
         if deadline.cancelled_caught:
             raise BackendError(
                 f"the guest agent did not come up within {int(self.boot_deadline)} s",
@@ -693,6 +815,8 @@ class QemuMachine:
         """Stop QEMU for good: quit → SIGTERM → SIGKILL, each with a deadline."""
         self._shutting_down = True
         with trio.CancelScope(shield=True):
+            if self.spec.volumes and self.proc is not None and self.proc.returncode is None:
+                await self.quiesce()
             if self.guest is not None:
                 await self.guest.aclose()
             proc = self.proc
@@ -713,6 +837,7 @@ class QemuMachine:
             if self.qmp is not None:
                 await self.qmp.aclose()
             await self._keep_evidence()
+            self._return_volumes()
             if proc.returncode is None:
                 raise RigdError(f"QEMU pid {proc.pid} survived SIGKILL")
 

@@ -125,7 +125,8 @@ class TerminalRecipe:
     def warm_eligible(self, spec: MachineSpec) -> bool:
         # A custom image's snapshot would be keyed by a pack an admin can replace at any
         # time (image.rm, a new tag): custom images boot cold.
-        return self.custom is None
+        # A volume is one more disk: its rigs boot cold (no snapshot has that device).
+        return self.custom is None and not spec.volumes
 
     def warm_shape(self, spec: MachineSpec) -> tuple[list[str], dict[str, Any]]:
         assets = self.assets

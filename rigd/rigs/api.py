@@ -39,6 +39,7 @@ from rigd.rigs.params import (
     PortShareParams,
     RigRef,
     SnapshotRef,
+    VolumeCreate,
     parse_act,
     parse_control,
     parse_conversation,
@@ -54,6 +55,7 @@ from rigd.rigs.params import (
     parse_rig_ref,
     parse_snapshot_create,
     parse_snapshot_rm,
+    parse_volume_create,
     parse_workspace_ref,
 )
 from rigd.rigs.render import iso_at
@@ -313,6 +315,18 @@ class RigApi:
         assert ref.workspace is not None
         return await self.rigs.snapshot_rm(caller, ref.workspace, ref.name)
 
+    # -- volumes (issue 29) -----------------------------------------------------------------
+
+    async def volume_create(self, caller: Caller, params: VolumeCreate) -> dict[str, Any]:
+        return await self.rigs.volume_create(caller, params.workspace, params.name, params.size_mb)
+
+    async def volume_list(self, caller: Caller, params: ListParams) -> list[dict[str, Any]]:
+        return await self.rigs.volume_list(caller, params.workspace)
+
+    async def volume_rm(self, caller: Caller, ref: SnapshotRef) -> dict[str, Any]:
+        assert ref.workspace is not None
+        return await self.rigs.volume_rm(caller, ref.workspace, ref.name)
+
     async def park(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
         rig_id = ref.rig_id
         _row, _db, rig = await self.rigs.visible(caller, rig_id)
@@ -436,6 +450,9 @@ RIG_METHODS: dict[str, tuple[Callable[[object], Any], str]] = {
     "snapshot.create": (parse_snapshot_create, "snapshot_create"),
     "snapshot.list": (parse_workspace_ref, "snapshot_list"),
     "snapshot.rm": (parse_snapshot_rm, "snapshot_rm"),
+    "volume.create": (parse_volume_create, "volume_create"),
+    "volume.list": (parse_workspace_ref, "volume_list"),
+    "volume.rm": (parse_snapshot_rm, "volume_rm"),
     "rig.retry": (parse_rig_ref, "retry"),
     "rig.events": (parse_events, "events_since"),
     "rig.ports": (parse_rig_ref, "ports"),

@@ -116,6 +116,11 @@ SNAPSHOT_QUOTA = "snapshots.quotaMb"
 SNAPSHOT_QUOTA_DEFAULT_MB = 20 * 1024
 SNAPSHOT_QUOTA_MAX_MB = 16 * 1024 * 1024
 
+#: What a workspace's volumes may add up to (issue 29), by default (a volume is sparse: the
+#: host pays for what the guest writes, up to this).
+VOLUME_QUOTA = "volumes.quotaMb"
+VOLUME_QUOTA_DEFAULT_MB = 50 * 1024
+
 #: The custom-image keys (RIGS.md §3, "Custom images per workspace").
 EXEC_IMAGE = "rigs.smolvm.execImage"
 BROWSER_IMAGE = "rigs.smolvm.browserImage"
@@ -131,6 +136,8 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "the registry image this workspace's Chromium rigs boot (null: the built-in image)"),
     Setting(SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB, _megabytes,
             "the host disk this workspace's named snapshots may use, in MB (RAM and disk of each)"),
+    Setting(VOLUME_QUOTA, VOLUME_QUOTA_DEFAULT_MB, _megabytes,
+            "what the sizes of this workspace's volumes may add up to, in MB"),
 )}
 
 

@@ -13,7 +13,7 @@ import trio
 
 from netgate.policy import Policy
 from netgate.proxy import AuditEvent
-from rigd.backends.base import ForkImage, Machine
+from rigd.backends.base import ForkImage, Machine, VolumeMount
 from rigd.browser.profiles import ProfileState
 from rigd.model import Phase
 from rigd.rigs.params import OpenParams
@@ -87,6 +87,8 @@ class LiveRig:
     fork: ForkImage | None = None
     #: A browser fork's seed (the parent engine's cookies, storage, tabs), for its fresh engine.
     seed: ProfileState | None = None
+    #: The workspace volumes attached to this rig (issue 29).
+    volumes: tuple[VolumeMount, ...] = ()
 
     @property
     def profile(self) -> str | None:

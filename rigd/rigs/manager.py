@@ -37,7 +37,15 @@ import trio
 
 from netgate.errors import NetgateError
 from netgate.policy import Policy, build_policy
-from rigd.backends.base import ExecResult, ForkImage, Machine, MachineBackend, MachineSpec, NetSpec
+from rigd.backends.base import (
+    ExecResult,
+    ForkImage,
+    Machine,
+    MachineBackend,
+    MachineSpec,
+    NetSpec,
+    VolumeMount,
+)
 from rigd.backends.layout import LeftBehind, remove_tree
 from rigd.browser.profiles import ProfileState
 from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError, from_netgate, leaves
@@ -56,7 +64,14 @@ from rigd.protocols.input import Step
 from rigd.rigs import lifecycle
 from rigd.rigs.events import EventBus
 from rigd.rigs.failure import describe_failure
-from rigd.rigs.guard import SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB, WorkspaceSettings, custom_image
+from rigd.rigs.guard import (
+    SNAPSHOT_QUOTA,
+    SNAPSHOT_QUOTA_DEFAULT_MB,
+    VOLUME_QUOTA,
+    VOLUME_QUOTA_DEFAULT_MB,
+    WorkspaceSettings,
+    custom_image,
+)
 from rigd.rigs.live import (
     NET_AUDIT_BUFFER,
     Caller,
@@ -72,6 +87,7 @@ from rigd.rigs.pools import DEFAULT_MAX_AGE_S, PoolKey
 from rigd.rigs.render import exec_json, rig_json
 from rigd.rigs.scheduler import Admit, Park, counted, plan_admission, plan_idle
 from rigd.rigs.snapshots import SnapshotShelf
+from rigd.rigs.volumes import VolumeShelf
 from rigd.store.aio import Stores
 from rigd.store.util import iso, new_id, utcnow
 from rigd.store.workspace_db import RigRow, WorkspaceDB
@@ -137,6 +153,10 @@ class RigManager:
         self.shelf = SnapshotShelf(stores.data_dir / "snapshots")
         self.snapshot_users: dict[tuple[str, str], set[str]] = {}
         self._snapshot_lock = trio.Lock()
+        #: Volumes (issue 29) and the rigs they are attached to: (workspace, name) → {rig: readOnly}.
+        self.volumes = VolumeShelf(stores.data_dir / "volumes")
+        self.volume_users: dict[tuple[str, str], dict[str, bool]] = {}
+        self._volume_lock = trio.Lock()
 
     # -- service lifetime -------------------------------------------------------
 
@@ -174,6 +194,7 @@ class RigManager:
         """
         left: list[tuple[WorkspaceDB, RigRow]] = []
         await trio.to_thread.run_sync(self.shelf.sweep)
+        await trio.to_thread.run_sync(self.volumes.sweep)
         ws_ids = [ws.id for ws in await self.stores.run(self.stores.server.all_workspaces)]
         for ws_id in [*ws_ids, POOL_WORKSPACE]:  # the pools' own rows too
             db = await self.stores.workspace(ws_id)
@@ -260,11 +281,14 @@ class RigManager:
                                                  params.engine.value if params.engine else None)
         if params.snapshot is not None:
             return await self._start_from_snapshot(caller, params, ws_id, db, policy)
-        taken, start_note = await self.pools.take(caller, params, ws_id, db, policy,
-                                                  custom=image_ref is not None)
+        taken, start_note = None, None
+        if not params.volumes:  # (a pooled rig has no volume: it is one disk short)
+            taken, start_note = await self.pools.take(caller, params, ws_id, db, policy,
+                                                      custom=image_ref is not None)
         if taken is not None:
             return taken
-        async with self._admission:
+        async with self._admission, self._volume_lock:
+            mounts = await self._volume_mounts(ws_id, params)
             decision = plan_admission(
                 [rig_state(r, self.clock()) for r in self.live.values()],
                 budget_mb=self.memory_budget_mb, need_mb=params.memory_mb, now=self.clock(),
@@ -278,7 +302,13 @@ class RigManager:
                                      f"evicted to make room in the {self.memory_budget_mb} MB budget")
             row = self.new_row(params, ws_id, policy, created_by=caller.user.id, image_ref=image_ref,
                                image_note=image_note, start_note=start_note)
-            return await self.launch(row, db, params, policy, caller=caller)
+            for m in mounts:
+                self.volume_users.setdefault((ws_id, m.name), {})[row.id] = m.read_only
+            try:
+                return await self.launch(row, db, params, policy, caller=caller, volumes=mounts)
+            except BaseException:
+                self._release_volumes(ws_id, row.id, mounts)
+                raise
 
     def new_row(self, params: OpenParams, ws_id: str, policy: Policy | None, *, created_by: str,
                 image_ref: str | None = None, image_note: str | None = None,
@@ -304,7 +334,8 @@ class RigManager:
 
     async def launch(self, row: RigRow, db: WorkspaceDB, params: OpenParams, policy: Policy | None, *,
                      caller: Caller | None = None, pool: PoolKey | None = None,
-                     fork: ForkImage | None = None, seed: ProfileState | None = None) -> LiveRig:
+                     fork: ForkImage | None = None, seed: ProfileState | None = None,
+                     volumes: tuple[VolumeMount, ...] = ()) -> LiveRig:
         """Store ``row``, write the caller's ``open`` row (a fork's copy: its ``forkedFrom``
         row), and start the rig's task (the machine boots in the background). A pooled rig
         (``pool``, no caller) is kept in the pools' own database and indexed under no
@@ -316,7 +347,7 @@ class RigManager:
         now = self.clock()
         rig = LiveRig(row=row, db=db, params=params, last_active=now,
                       expires_at=now + params.ttl_s if pool is None else float("inf"), policy=policy,
-                      pool_key=pool, pooled_at=now, fork=fork, seed=seed)
+                      pool_key=pool, pooled_at=now, fork=fork, seed=seed, volumes=volumes)
         self.live[row.id] = rig
         if caller is not None:
             if caller.actor_kind == "agent":
@@ -328,7 +359,9 @@ class RigManager:
             else:
                 await self.audit_event(rig, caller, "open", {
                     "surface": row.surface, "memoryMb": row.memory_mb, "vcpus": row.vcpus,
-                    **({"snapshot": params.snapshot} if params.snapshot else {})})
+                    **({"snapshot": params.snapshot} if params.snapshot else {}),
+                    **({"volumes": [{"name": v.name, "path": v.path, "readOnly": v.read_only}
+                                    for v in volumes]} if volumes else {})})
         await self._nursery.start(self._rig_task, rig, self.backends[params.surface])
         return rig
 
@@ -354,6 +387,10 @@ class RigManager:
         if surface not in (Surface.TERMINAL, Surface.COMPUTER, Surface.BROWSER):
             raise FieldError("rigId", f"a {surface} rig cannot be forked")
         self.check_control(parent, caller)
+        if parent.volumes:
+            names = ", ".join(v.name for v in parent.volumes)
+            raise FieldError("rigId", f"rig {rig_id} has volumes attached ({names}); copies would share "
+                                      "their disks: fork a rig without volumes")
         params = parent.params
         if params is None:
             raise Conflict(f"rig {rig_id} has no open parameters to copy")
@@ -409,6 +446,65 @@ class RigManager:
             await child.settled.wait()
         return children
 
+    # -- volumes (issue 29) ----------------------------------------------------------------
+
+    async def _volume_mounts(self, ws_id: str, params: OpenParams) -> tuple[VolumeMount, ...]:
+        """The open's volumes, checked: each exists, and one writer or any readers at a time.
+        Call with ``_volume_lock`` held (the caller registers the attachments)."""
+        out = []
+        for i, req in enumerate(params.volumes):
+            field = f"volumes[{i}].name"
+            vol = await trio.to_thread.run_sync(self.volumes.get, ws_id, req.name, field)
+            users = self.volume_users.get((ws_id, req.name), {})
+            writers = sorted(r for r, ro in users.items() if not ro)
+            if writers:
+                raise FieldError(field, f"volume {req.name!r} is attached read-write to rig {writers[0]}; "
+                                        "one writer at a time, and no reader beside it")
+            if users and not req.read_only:
+                raise FieldError(field, f"volume {req.name!r} is attached read-only to "
+                                        f"{', '.join(sorted(users))}; a writer needs it alone")
+            out.append(VolumeMount(req.name, vol.image, req.path, req.read_only))
+        return tuple(out)
+
+    def _release_volumes(self, ws_id: str, rig_id: str, mounts: Sequence[VolumeMount]) -> None:
+        for m in mounts:
+            users = self.volume_users.get((ws_id, m.name))
+            if users is not None:
+                users.pop(rig_id, None)
+                if not users:
+                    self.volume_users.pop((ws_id, m.name), None)
+
+    def attached(self, ws_id: str, name: str) -> list[str]:
+        return sorted(self.volume_users.get((ws_id, name), {}))
+
+    async def volume_create(self, caller: Caller, workspace: str, name: str, size_mb: int) -> dict[str, Any]:
+        ws = await self.workspace_for(caller, workspace)
+        quota = (await self.settings_of(ws)).values.get(VOLUME_QUOTA, VOLUME_QUOTA_DEFAULT_MB) \
+            if self.settings_of is not None else VOLUME_QUOTA_DEFAULT_MB
+        async with self._volume_lock:
+            used = await trio.to_thread.run_sync(self.volumes.size_used_mb, ws)
+            if used + size_mb > int(quota):
+                raise FieldError("sizeMb", f"{size_mb} MB would bring this workspace's volumes to "
+                                           f"{used + size_mb} MB, over its {quota} MB (volumes.quotaMb)")
+            vol = await trio.to_thread.run_sync(functools.partial(
+                self.volumes.create, ws, name, size_mb, created_at=iso(utcnow()), created_by=caller.user.id))
+        return vol.to_json([])
+
+    async def volume_list(self, caller: Caller, workspace: str) -> list[dict[str, Any]]:
+        ws = await self.workspace_for(caller, workspace)
+        listed = await trio.to_thread.run_sync(self.volumes.list, ws)
+        return [v.to_json(self.attached(ws, v.name)) for v in listed]
+
+    async def volume_rm(self, caller: Caller, workspace: str, name: str) -> dict[str, Any]:
+        ws = await self.workspace_for(caller, workspace)
+        async with self._volume_lock:
+            users = self.attached(ws, name)
+            if users:
+                raise Conflict(f"volume {name!r} is attached to {', '.join(users)}; close "
+                               f"{'it' if len(users) == 1 else 'them'} first", field="name", rigs=users)
+            await trio.to_thread.run_sync(self.volumes.remove, ws, name)
+        return {"name": name, "workspace": ws, "removed": True}
+
     # -- named snapshots (issue 29) -------------------------------------------------------
 
     async def snapshot_quota_mb(self, ws_id: str) -> int:
@@ -428,6 +524,9 @@ class RigManager:
                                       "would be shared); its cookies, storage and tabs are kept by "
                                       "opening it with a profile")
         self.check_control(rig, caller)
+        if rig.volumes:
+            raise FieldError("rigId", f"rig {rig_id} has volumes attached; a snapshot keeps one machine's "
+                                      "disk, not its volumes: snapshot a rig without volumes")
         ws = row.workspace_id
         quota = await self.snapshot_quota_mb(ws) << 20
         async with self._snapshot_lock:  # (one create at a time: quota and names stay true)
@@ -565,7 +664,7 @@ class RigManager:
                                      else None),
                             engine=row.engine,
                             profile=(row.created_by, rig.profile) if rig.profile else None,
-                            image=row.image_ref, browser_state=rig.seed,
+                            image=row.image_ref, browser_state=rig.seed, volumes=rig.volumes,
                         )
                     with trio.CancelScope() as scope:
                         rig.scope = scope
@@ -586,6 +685,8 @@ class RigManager:
         finally:
             rig.machine = None
             rig.nursery = None
+            # The machine is gone (QEMU quit, its volumes unmounted): they may be attached again.
+            self._release_volumes(row.workspace_id, row.id, rig.volumes)
             rig.settled.set()
             rig.finished.set()
             if rig.net_audit is not None:
@@ -693,9 +794,20 @@ class RigManager:
                     return
                 if caller is not None:
                     await self.audit_event(rig, caller, "close", {"reason": reason.value})
+                parked = rig.phase is Phase.PARKED
                 if rig.phase is not Phase.FAILED:
                     await self._transition(rig, Phase.CLOSING, "stopping the machine",
                                            close_reason=reason.value)
+                machine = rig.machine
+                if rig.volumes and machine is not None:
+                    # While the guest answers: flush and unmount what outlives the machine.
+                    if parked:
+                        try:
+                            await machine.wake()
+                        except RigdError as exc:
+                            log.warning("could not wake to unmount volumes",
+                                        extra={"rig": rig.row.id, "error": exc.message})
+                    await machine.quiesce()
                 if rig.scope is not None:
                     rig.scope.cancel()
                 await rig.finished.wait()

@@ -131,12 +131,73 @@ class OpenParams:
     profile: str | None = None
     #: A named snapshot of the workspace to resume (issue 29), or None.
     snapshot: str | None = None
+    #: The workspace's volumes to attach (issue 29).
+    volumes: tuple[VolumeRequest, ...] = ()
 
 
 OPEN_FIELDS = {
     "workspace", "surface", "conversation", "engine", "backend", "display", "memoryMb",
-    "vcpus", "ttlS", "idleS", "egress", "wait", "profile", "snapshot",
+    "vcpus", "ttlS", "idleS", "egress", "wait", "profile", "snapshot", "volumes",
 }
+
+#: At most this many volumes per rig.
+MAX_VOLUMES = 8
+#: Guest trees a volume may not be mounted over (the system's own, the tools disk's).
+RESERVED_MOUNTS = ("/proc", "/sys", "/dev", "/run", "/.rigd", "/boot", "/etc", "/usr", "/bin",
+                   "/sbin", "/lib", "/lib64", "/var/lib/dpkg")
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRequest:
+    """One of ``rig.open {volumes: [{name, path, readOnly}]}``."""
+
+    name: str
+    path: str
+    read_only: bool = False
+
+
+def volume_path_problem(path: object) -> str | None:
+    """Why ``path`` is not where a volume may be mounted in the guest, or None."""
+    if not isinstance(path, str) or not path:
+        return "is required: an absolute path in the guest, such as /workspace"
+    if len(path) > 200 or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", path):
+        return ("must be an absolute path of letters, digits, '.', '_' and '-' (at most 200), "
+                "such as /workspace")
+    parts = path.split("/")[1:]
+    if any(p in (".", "..") for p in parts):
+        return "must be a plain path (no '.' or '..' parts)"
+    for reserved in RESERVED_MOUNTS:
+        if path == reserved or path.startswith(reserved + "/"):
+            return f"is inside {reserved}, which the guest's system owns; mount volumes elsewhere"
+    return None
+
+
+def parse_volumes(raw: object) -> tuple[VolumeRequest, ...]:
+    if not isinstance(raw, list) or len(raw) > MAX_VOLUMES:
+        raise FieldError("volumes", f"must be a list of at most {MAX_VOLUMES} {{name, path, readOnly}}")
+    out: list[VolumeRequest] = []
+    for i, item in enumerate(raw):
+        at = f"volumes[{i}]"
+        v = obj(item, at)
+        no_extra(v, {"name", "path", "readOnly"}, at + ".")
+        name_problem = snapshot_name_problem(v.get("name"))
+        if name_problem is not None:
+            raise FieldError(f"{at}.name", name_problem)
+        name = str(v["name"])
+        problem = volume_path_problem(v.get("path"))
+        if problem is not None:
+            raise FieldError(f"{at}.path", problem)
+        path = str(v["path"])
+        read_only = v.get("readOnly", False)
+        if not isinstance(read_only, bool):
+            raise FieldError(f"{at}.readOnly", "must be true or false")
+        for j, other in enumerate(out):
+            if other.name == name:
+                raise FieldError(f"{at}.name", f"is volumes[{j}] already; attach a volume once")
+            if path == other.path or path.startswith(other.path + "/") or other.path.startswith(path + "/"):
+                raise FieldError(f"{at}.path", f"overlaps volumes[{j}].path ({other.path})")
+        out.append(VolumeRequest(name, path, read_only))
+    return tuple(out)
 
 SNAPSHOT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SNAPSHOT_NAME_RULE = ("1-64 characters of letters, digits, '.', '_' and '-', starting with a letter "
@@ -240,8 +301,15 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
             raise FieldError("snapshot", f"only terminal and computer rigs open from a snapshot, "
                                          f"not {surface}")
         snapshot = snapshot_name(params, "snapshot")
+    volumes: tuple[VolumeRequest, ...] = ()
+    if params.get("volumes") is not None:
+        if surface is not Surface.TERMINAL:
+            raise FieldError("volumes", f"only terminal rigs take volumes in this build, not {surface}")
+        volumes = parse_volumes(params["volumes"])
+        if snapshot is not None and volumes:
+            raise FieldError("volumes", "a rig resumed from a snapshot takes no volumes")
     return OpenParams(
-        profile=profile, snapshot=snapshot,
+        profile=profile, snapshot=snapshot, volumes=volumes,
         workspace=workspace, surface=surface, conversation=conversation, engine=engine,
         backend=backend, display=display, memory_mb=memory_mb, vcpus=vcpus, ttl_s=ttl_s,
         idle_s=idle_s, egress_allow=allow, egress_defaults=defaults,
@@ -302,6 +370,26 @@ def parse_snapshot_rm(raw: object) -> SnapshotRef:
     params = obj(raw)
     no_extra(params, {"workspace", "name"})
     return SnapshotRef(snapshot_name(params, "name"), workspace=string(params, "workspace", max_len=128))
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeCreate:
+    workspace: str
+    name: str
+    size_mb: int
+
+
+#: The largest volume (its workspace's ``volumes.quotaMb`` bounds it further).
+MAX_VOLUME_MB = 1024 * 1024
+
+
+def parse_volume_create(raw: object) -> VolumeCreate:
+    params = obj(raw)
+    no_extra(params, {"workspace", "name", "sizeMb"})
+    if params.get("sizeMb") is None:
+        raise FieldError("sizeMb", f"is required: the volume's size, 16 to {MAX_VOLUME_MB} MB")
+    return VolumeCreate(string(params, "workspace", max_len=128), snapshot_name(params, "name"),
+                        integer(params, "sizeMb", 16, MAX_VOLUME_MB, 0, "MB"))
 
 
 @dataclass(frozen=True, slots=True)

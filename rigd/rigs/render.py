@@ -71,6 +71,8 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
     }
     if live is not None and live.profile is not None:
         out["profile"] = live.profile
+    out["volumes"] = ([{"name": v.name, "path": v.path, "readOnly": v.read_only} for v in live.volumes]
+                      if live is not None else [])
     if live is not None and live.info:
         out.update(live.info)
     if live is not None and live.machine is not None:

@@ -80,15 +80,20 @@ class Kept:
                 "memoryMb": m["spec"]["memoryMb"], "vcpus": m["spec"]["vcpus"]}
 
 
+def workspace_dir(root: Path, workspace: str) -> Path:
+    """A workspace's directory under a root-only store (snapshots, volumes)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", workspace) or workspace.startswith("."):
+        raise FieldError("workspace", "is not a workspace id")
+    return root / workspace
+
+
 class SnapshotShelf:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def _ws_dir(self, workspace: str) -> Path:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", workspace) or workspace.startswith("."):
-            raise FieldError("workspace", "is not a workspace id")
-        return self.root / workspace
+        return workspace_dir(self.root, workspace)
 
     def dir_of(self, workspace: str, name: str) -> Path:
         problem = snapshot_name_problem(name)

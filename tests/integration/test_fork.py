@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
 
 #: A process whose count lives only in its memory (a shell variable); it publishes "pid count".
 COUNTER = ("setsid sh -c 'n=0; while :; do n=$((n+1)); echo \"$$ $n\" > /tmp/count.new && "
-           "mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &")
+           "mv /tmp/count.new /tmp/count; sleep 0.5; done' </dev/null >/dev/null 2>&1 &")
 
 
 def sh(srv: Server, rig_id: str, command: str) -> str:
@@ -153,6 +153,51 @@ def test_a_named_snapshot_survives_a_killed_server_and_opens_twice() -> None:
             err = srv.error("rig.open", {"workspace": "default", "surface": "terminal",
                                          "snapshot": "after-setup"})
             assert err["data"]["field"] == "snapshot", err
+    finally:
+        first.stop()
+        reap(data_dir)
+        remove_tree(data_dir)
+
+
+def test_a_volume_outlives_its_rigs_a_killed_server_and_has_one_writer() -> None:
+    """volume.create makes an ext4 disk of the workspace; a terminal rig mounts it where asked,
+    a second writer is refused naming the field, and what was written is there for the next
+    rig after a close and after the server is killed with SIGKILL and started again."""
+    data_dir = make_data_dir()
+    first = start_server(data_dir)
+    try:
+        srv = first
+        made = srv.call("volume.create", {"workspace": "default", "name": "data", "sizeMb": 64})
+        assert made["sizeMb"] == 64 and made["attachedTo"] == []
+        mount = [{"name": "data", "path": "/workspace"}]
+        writer = open_terminal(srv, volumes=mount)
+        assert writer["volumes"] == [{"name": "data", "path": "/workspace", "readOnly": False}]
+        assert "/workspace ext4 rw" in sh(srv, writer["id"], "cat /proc/mounts")
+        sh(srv, writer["id"], "echo first > /workspace/a.txt")
+        err = srv.error("rig.open", {"workspace": "default", "surface": "terminal", "volumes": mount})
+        assert err["data"]["field"] == "volumes[0].name" and writer["id"] in err["message"], err
+        srv.call("rig.close", {"rigId": writer["id"]})  # (unmounted and flushed before QEMU quits)
+
+        reader = open_terminal(srv, volumes=[{**mount[0], "readOnly": True}])
+        assert sh(srv, reader["id"], "cat /workspace/a.txt") == "first\n"
+        out = exec_(srv, reader["id"], command="echo no > /workspace/b.txt")
+        assert out["exitCode"] != 0 and "Read-only" in out["stderr"]["text"], out
+        srv.call("rig.close", {"rigId": reader["id"]})
+
+        again = open_terminal(srv, volumes=mount)
+        sh(srv, again["id"], "echo second >> /workspace/a.txt && sync")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=30)
+        with serving(data_dir) as srv:
+            [vol] = srv.call("volume.list", {"workspace": "default"})
+            assert vol["name"] == "data" and vol["attachedTo"] == []
+            after = open_terminal(srv, volumes=mount)
+            assert sh(srv, after["id"], "cat /workspace/a.txt") == "first\nsecond\n"
+            err = srv.error("volume.rm", {"workspace": "default", "name": "data"})
+            assert err["data"]["rigs"] == [after["id"]], err
+            srv.call("rig.close", {"rigId": after["id"]})
+            srv.call("volume.rm", {"workspace": "default", "name": "data"})
+            assert srv.call("volume.list", {"workspace": "default"}) == []
     finally:
         first.stop()
         reap(data_dir)

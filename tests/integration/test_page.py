@@ -274,6 +274,16 @@ def test_terminal_rig_from_open_to_close(site: Site) -> None:
     snap.wait_for(state="detached")
     copy_row.get_by_role("button", name=f"Close {copy}").click()
     copy_row.wait_for(state="detached")
+    # Volumes: made from the page, listed, removed (attaching one is rig.open's: test_fork).
+    page.get_by_label("Name", exact=True).fill("page-vol")
+    page.get_by_label("Size (MB)").fill("32")
+    page.get_by_role("button", name="Make volume").click()
+    vol = page.locator("#volumes-body tr[data-volume='page-vol']")
+    vol.wait_for(timeout=60_000)
+    assert "32 MB" in vol.inner_text()
+    assert [v["name"] for v in srv.call("volume.list", {"workspace": "default"})] == ["page-vol"]
+    vol.get_by_role("button", name="Remove volume page-vol").click()
+    vol.wait_for(state="detached")
 
     # Its tab is an interactive terminal over the PTY WebSocket.
     row.get_by_role("link", name=f"Open the tab of {rig}").click()

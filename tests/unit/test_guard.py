@@ -29,7 +29,8 @@ pytestmark = pytest.mark.timeout(30)
 
 EXEC = {"action": "exec", "argv": ["echo", "hi"]}
 DEFAULTS = {"guard.readOnly": False, "guard.askFirst": [], "rigs.smolvm.execImage": None,
-            "rigs.smolvm.browserImage": None, "snapshots.quotaMb": 20480}
+            "rigs.smolvm.browserImage": None, "snapshots.quotaMb": 20480,
+            "volumes.quotaMb": 51200}
 
 
 class World:

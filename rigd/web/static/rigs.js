@@ -28,6 +28,17 @@ export class RigsScreen {
     const snapTable = h("table.rigs", { "aria-labelledby": "snapshots-title" },
       h("thead", {}, h("tr", {}, ["Snapshot", "Surface", "Size", "Taken", "From rig", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
       this.snapBody);
+    // Volumes of the workspace (issue 29): disks that outlive rigs (attached at rig.open).
+    this.volBody = h("tbody", { id: "volumes-body" });
+    this.volName = h("input", { id: "volume-name", name: "name", required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._-]{0,63}", size: 16 });
+    this.volSize = h("input", { id: "volume-size", name: "sizeMb", type: "number", min: 16, value: 1024, required: true, size: 6 });
+    const volForm = h("form.inline", { "aria-label": "Make a volume", onsubmit: (e) => { e.preventDefault(); this.createVolume(); } },
+      h("label", { for: "volume-name" }, "Name"), this.volName,
+      h("label", { for: "volume-size" }, "Size (MB)"), this.volSize,
+      h("button", { type: "submit", id: "create-volume" }, "Make volume"));
+    const volTable = h("table.rigs", { "aria-labelledby": "volumes-title" },
+      h("thead", {}, h("tr", {}, ["Volume", "Size", "Made", "Attached to", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
+      this.volBody);
     replace(ctx.main,
       h("section.card", { "aria-labelledby": "rigs-title" },
         h("div.row", {},
@@ -39,6 +50,10 @@ export class RigsScreen {
         h("h2", { id: "snapshots-title" }, "Snapshots"),
         h("p.muted", {}, "A snapshot keeps a running terminal or computer rig's memory and disk; each open resumes it as a rig of its own."),
         h("div.scroll", {}, snapTable)),
+      h("section.card", { "aria-labelledby": "volumes-title" },
+        h("div.row", {}, h("h2", { id: "volumes-title" }, "Volumes"), volForm),
+        h("p.muted", {}, "A volume is an ext4 disk of the workspace that outlives its rigs: rig.open {volumes: [{name, path}]} attaches it (one writer, or any number of readers)."),
+        h("div.scroll", {}, volTable)),
       this.panel.element);
     this.timer = setInterval(() => this.tick(), 1000);
     this.load();
@@ -73,6 +88,41 @@ export class RigsScreen {
     this.ctx.socket.subscribe(workspace);
     await this.reload();
     await this.loadSnapshots();
+    await this.loadVolumes();
+  }
+
+  async loadVolumes() {
+    try {
+      const list = await call("volume.list", { workspace: this.workspace });
+      if (this.disposed) return;
+      replace(this.volBody, list.length ? list.map((v) => h("tr", { dataset: { volume: v.name } },
+        h("th", { scope: "row" }, v.name),
+        h("td", {}, `${v.sizeMb} MB`),
+        h("td", {}, new Date(v.createdAt).toLocaleString()),
+        h("td", {}, v.attachedTo.join(", ") || "—"),
+        h("td.actions", {}, h("button.danger", { type: "button", "aria-label": `Remove volume ${v.name}`, disabled: v.attachedTo.length > 0, onclick: () => this.removeVolume(v) }, "Remove"))))
+        : h("tr", {}, h("td", { colspan: 5 }, "No volumes.")));
+    } catch (e) { this.fail(e); }
+  }
+
+  async createVolume() {
+    const name = this.volName.value.trim();
+    announce(this.status, `Making volume ${name}…`);
+    try {
+      const v = await call("volume.create", { workspace: this.workspace, name, sizeMb: Number(this.volSize.value) });
+      announce(this.status, `Made volume ${v.name} (${v.sizeMb} MB).`, "ok");
+      this.volName.value = "";
+      await this.loadVolumes();
+    } catch (e) { this.fail(e); }
+  }
+
+  async removeVolume(v) {
+    announce(this.status, `Removing volume ${v.name}…`);
+    try {
+      await call("volume.rm", { workspace: this.workspace, name: v.name });
+      announce(this.status, `Removed volume ${v.name}.`, "ok");
+      await this.loadVolumes();
+    } catch (e) { this.fail(e); }
   }
 
   async loadSnapshots() {
