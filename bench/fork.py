@@ -18,8 +18,8 @@ For each N of ``--counts`` (default 1,4,8), on terminal rigs of one shape:
     cookies, storage and tabs; never a copy of the running engine) against a warm (standby)
     open of the same engine, each until its first screenshot.
 
-Volume throughput against a rig's own disk (issue 29's volumes) is not measured: volumes
-are not built yet. Every process started here is killed by pid on the way out (the servers
+Volume throughput against a rig's own disk (issue 29's volumes) is not measured yet: it is
+this bench's next line. Every process started here is killed by pid on the way out (the servers
 close their rigs; anything left is killed by the reaper).
 """
 
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace, root: Path) -> int:
         print(f"        (4) parent paused {r['pause_ms']:.0f} ms ({r['ram_mib']:.0f} MiB of RAM sent)   "
               f"(5) {r['copy_mb']:.0f} MB resident per copy vs {r['warm_mb']:.0f} MB per warm rig "
               f"({r['copy_mb'] / r['warm_mb'] if r['warm_mb'] else float('nan'):.2f}x)")
-    print("  volumes vs the rig's disk: not measured (volumes are not built yet)")
+    print("  volumes vs the rig's disk: not measured yet (the next lines of this bench)")
     load = os.getloadavg()
     print(f"  host: {os.cpu_count()} CPUs, load {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")
     return rc
