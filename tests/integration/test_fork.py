@@ -114,9 +114,12 @@ def test_a_terminal_fork_continues_processes_with_its_own_files_and_identity(sha
         srv.call("rig.close", {"rigId": rid})
 
 
-def test_a_named_snapshot_survives_a_killed_server_and_opens_twice() -> None:
-    """snapshot.create keeps RAM and disk under the workspace; a server killed with SIGKILL
-    and started again lists it, and each of two opens resumes it as a machine of its own."""
+def test_a_named_snapshot_and_a_volume_survive_a_killed_server() -> None:
+    """snapshot.create keeps RAM and disk under the workspace; volume.create makes an ext4
+    disk a terminal rig mounts where asked. A server killed with SIGKILL (a writer attached)
+    and started again lists both: the snapshot resumes twice, each a machine of its own; the
+    volume has what the writer synced; a second writer is refused naming the field; a reader
+    cannot write. (One server pair and one kill for both: each restart costs the test loop.)"""
     data_dir = make_data_dir()
     first = start_server(data_dir)
     try:
@@ -129,8 +132,19 @@ def test_a_named_snapshot_survives_a_killed_server_and_opens_twice() -> None:
         assert kept["sourceRig"] == parent["id"] and kept["bytes"] > 0
         err = srv.error("snapshot.create", {"rigId": parent["id"], "name": "../x"})
         assert err["data"]["field"] == "name", err
-        first.proc.send_signal(signal.SIGKILL)  # (the next server kills the QEMU it left)
+
+        made = srv.call("volume.create", {"workspace": "default", "name": "data", "sizeMb": 64})
+        assert made["sizeMb"] == 64 and made["attachedTo"] == []
+        mount = [{"name": "data", "path": "/workspace"}]
+        writer = open_terminal(srv, volumes=mount)
+        assert writer["volumes"] == [{"name": "data", "path": "/workspace", "readOnly": False}]
+        assert "/workspace ext4 rw" in sh(srv, writer["id"], "cat /proc/mounts")
+        sh(srv, writer["id"], "echo first > /workspace/a.txt && sync")
+        err = srv.error("rig.open", {"workspace": "default", "surface": "terminal", "volumes": mount})
+        assert err["data"]["field"] == "volumes[0].name" and writer["id"] in err["message"], err
+        first.proc.send_signal(signal.SIGKILL)  # (the next server kills the QEMUs it left)
         first.proc.wait(timeout=30)
+
         with serving(data_dir) as srv:
             [listed] = srv.call("snapshot.list", {"workspace": "default"})
             assert listed["name"] == "after-setup" and listed["bytes"] == kept["bytes"]
@@ -153,49 +167,22 @@ def test_a_named_snapshot_survives_a_killed_server_and_opens_twice() -> None:
             err = srv.error("rig.open", {"workspace": "default", "surface": "terminal",
                                          "snapshot": "after-setup"})
             assert err["data"]["field"] == "snapshot", err
-    finally:
-        first.stop()
-        reap(data_dir)
-        remove_tree(data_dir)
+            for rig in rigs:
+                srv.call("rig.close", {"rigId": rig["id"]})
 
-
-def test_a_volume_outlives_its_rigs_a_killed_server_and_has_one_writer() -> None:
-    """volume.create makes an ext4 disk of the workspace; a terminal rig mounts it where asked,
-    a second writer is refused naming the field, and what was written is there for the next
-    rig after a close and after the server is killed with SIGKILL and started again."""
-    data_dir = make_data_dir()
-    first = start_server(data_dir)
-    try:
-        srv = first
-        made = srv.call("volume.create", {"workspace": "default", "name": "data", "sizeMb": 64})
-        assert made["sizeMb"] == 64 and made["attachedTo"] == []
-        mount = [{"name": "data", "path": "/workspace"}]
-        writer = open_terminal(srv, volumes=mount)
-        assert writer["volumes"] == [{"name": "data", "path": "/workspace", "readOnly": False}]
-        assert "/workspace ext4 rw" in sh(srv, writer["id"], "cat /proc/mounts")
-        sh(srv, writer["id"], "echo first > /workspace/a.txt")
-        err = srv.error("rig.open", {"workspace": "default", "surface": "terminal", "volumes": mount})
-        assert err["data"]["field"] == "volumes[0].name" and writer["id"] in err["message"], err
-        srv.call("rig.close", {"rigId": writer["id"]})  # (unmounted and flushed before QEMU quits)
-
-        reader = open_terminal(srv, volumes=[{**mount[0], "readOnly": True}])
-        assert sh(srv, reader["id"], "cat /workspace/a.txt") == "first\n"
-        out = exec_(srv, reader["id"], command="echo no > /workspace/b.txt")
-        assert out["exitCode"] != 0 and "Read-only" in out["stderr"]["text"], out
-        srv.call("rig.close", {"rigId": reader["id"]})
-
-        again = open_terminal(srv, volumes=mount)
-        sh(srv, again["id"], "echo second >> /workspace/a.txt && sync")
-        first.proc.send_signal(signal.SIGKILL)
-        first.proc.wait(timeout=30)
-        with serving(data_dir) as srv:
             [vol] = srv.call("volume.list", {"workspace": "default"})
             assert vol["name"] == "data" and vol["attachedTo"] == []
-            after = open_terminal(srv, volumes=mount)
-            assert sh(srv, after["id"], "cat /workspace/a.txt") == "first\nsecond\n"
+            again = open_terminal(srv, volumes=mount)  # (its mount replays the killed writer's journal)
+            assert sh(srv, again["id"], "cat /workspace/a.txt") == "first\n"
+            sh(srv, again["id"], "echo second >> /workspace/a.txt")
+            srv.call("rig.close", {"rigId": again["id"]})  # (unmounted and flushed before QEMU quits)
+            reader = open_terminal(srv, volumes=[{**mount[0], "readOnly": True}])
+            assert sh(srv, reader["id"], "cat /workspace/a.txt") == "first\nsecond\n"
+            out = exec_(srv, reader["id"], command="echo no > /workspace/b.txt")
+            assert out["exitCode"] != 0 and "Read-only" in out["stderr"]["text"], out
             err = srv.error("volume.rm", {"workspace": "default", "name": "data"})
-            assert err["data"]["rigs"] == [after["id"]], err
-            srv.call("rig.close", {"rigId": after["id"]})
+            assert err["data"]["rigs"] == [reader["id"]], err
+            srv.call("rig.close", {"rigId": reader["id"]})
             srv.call("volume.rm", {"workspace": "default", "name": "data"})
             assert srv.call("volume.list", {"workspace": "default"}) == []
     finally:
