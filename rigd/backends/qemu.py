@@ -332,10 +332,12 @@ class QemuMachine:
                                 max_output=4096)
 
     def _return_volumes(self) -> None:
-        """The volumes are root's again once QEMU is gone."""
+        """A writer's volume is root's again once QEMU is gone (a reader's never left root)."""
         if not self.identity.per_rig:
             return
         for vol in self.spec.volumes:
+            if vol.read_only:
+                continue
             with contextlib.suppress(OSError):
                 os.chown(vol.image, 0, 0)
 

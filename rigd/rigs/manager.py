@@ -289,17 +289,7 @@ class RigManager:
             return taken
         async with self._admission, self._volume_lock:
             mounts = await self._volume_mounts(ws_id, params)
-            decision = plan_admission(
-                [rig_state(r, self.clock()) for r in self.live.values()],
-                budget_mb=self.memory_budget_mb, need_mb=params.memory_mb, now=self.clock(),
-            )
-            if not isinstance(decision, Admit):
-                raise Conflict(decision.reason, field="memoryMb", budgetMb=self.memory_budget_mb)
-            for victim in decision.evict:
-                rig = self.live.get(victim)
-                if rig is not None:
-                    await self._reap(rig, CloseReason.IDLE_TIMEOUT,
-                                     f"evicted to make room in the {self.memory_budget_mb} MB budget")
+            await self._make_room(params.memory_mb, field="memoryMb")
             row = self.new_row(params, ws_id, policy, created_by=caller.user.id, image_ref=image_ref,
                                image_note=image_note, start_note=start_note)
             for m in mounts:
@@ -309,6 +299,22 @@ class RigManager:
             except BaseException:
                 self._release_volumes(ws_id, row.id, mounts)
                 raise
+
+    async def _make_room(self, need_mb: int, *, field: str, keep: LiveRig | None = None) -> None:
+        """Admit ``need_mb`` more into the memory budget, evicting whom the scheduler names
+        (never ``keep``); a conflict naming ``field`` when there is no room. Call with
+        ``_admission`` held."""
+        decision = plan_admission(
+            [rig_state(r, self.clock()) for r in self.live.values()],
+            budget_mb=self.memory_budget_mb, need_mb=need_mb, now=self.clock(),
+        )
+        if not isinstance(decision, Admit):
+            raise Conflict(decision.reason, field=field, budgetMb=self.memory_budget_mb)
+        for victim in decision.evict:
+            rig = self.live.get(victim)
+            if rig is not None and rig is not keep:
+                await self._reap(rig, CloseReason.IDLE_TIMEOUT,
+                                 f"evicted to make room in the {self.memory_budget_mb} MB budget")
 
     def new_row(self, params: OpenParams, ws_id: str, policy: Policy | None, *, created_by: str,
                 image_ref: str | None = None, image_note: str | None = None,
@@ -403,17 +409,7 @@ class RigManager:
         seed: ProfileState | None = None
         try:
             async with self._admission:
-                decision = plan_admission(
-                    [rig_state(r, self.clock()) for r in self.live.values()],
-                    budget_mb=self.memory_budget_mb, need_mb=count * row.memory_mb, now=self.clock(),
-                )
-                if not isinstance(decision, Admit):
-                    raise Conflict(decision.reason, field="count", budgetMb=self.memory_budget_mb)
-                for victim in decision.evict:
-                    other = self.live.get(victim)
-                    if other is not None and other is not parent:
-                        await self._reap(other, CloseReason.IDLE_TIMEOUT,
-                                         f"evicted to make room in the {self.memory_budget_mb} MB budget")
+                await self._make_room(count * row.memory_mb, field="count", keep=parent)
                 async with parent.state_lock:
                     machine = parent.machine
                     if parent.phase is not Phase.READY or machine is None:
@@ -479,11 +475,10 @@ class RigManager:
 
     async def volume_create(self, caller: Caller, workspace: str, name: str, size_mb: int) -> dict[str, Any]:
         ws = await self.workspace_for(caller, workspace)
-        quota = (await self.settings_of(ws)).values.get(VOLUME_QUOTA, VOLUME_QUOTA_DEFAULT_MB) \
-            if self.settings_of is not None else VOLUME_QUOTA_DEFAULT_MB
+        quota = await self._setting_mb(ws, VOLUME_QUOTA, VOLUME_QUOTA_DEFAULT_MB)
         async with self._volume_lock:
             used = await trio.to_thread.run_sync(self.volumes.size_used_mb, ws)
-            if used + size_mb > int(quota):
+            if used + size_mb > quota:
                 raise FieldError("sizeMb", f"{size_mb} MB would bring this workspace's volumes to "
                                            f"{used + size_mb} MB, over its {quota} MB (volumes.quotaMb)")
             vol = await trio.to_thread.run_sync(functools.partial(
@@ -507,10 +502,11 @@ class RigManager:
 
     # -- named snapshots (issue 29) -------------------------------------------------------
 
-    async def snapshot_quota_mb(self, ws_id: str) -> int:
+    async def _setting_mb(self, ws_id: str, key: str, default: int) -> int:
+        """A workspace's MB setting (a quota), or its default on a server without settings."""
         if self.settings_of is None:
-            return SNAPSHOT_QUOTA_DEFAULT_MB
-        return int((await self.settings_of(ws_id)).values.get(SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB))
+            return default
+        return int((await self.settings_of(ws_id)).values.get(key, default))
 
     async def snapshot_create(self, caller: Caller, rig_id: str, name: str) -> dict[str, Any]:
         """Keep a ready terminal or computer rig's RAM and disk as ``name`` in its workspace (one
@@ -528,15 +524,14 @@ class RigManager:
             raise FieldError("rigId", f"rig {rig_id} has volumes attached; a snapshot keeps one machine's "
                                       "disk, not its volumes: snapshot a rig without volumes")
         ws = row.workspace_id
-        quota = await self.snapshot_quota_mb(ws) << 20
+        quota = await self._setting_mb(ws, SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB) << 20
         async with self._snapshot_lock:  # (one create at a time: quota and names stay true)
             used = await trio.to_thread.run_sync(self.shelf.bytes_used, ws)
             if used >= quota:
                 raise Conflict(f"this workspace's snapshots use {used >> 20} MB of its {quota >> 20} MB "
                                "(snapshots.quotaMb); remove one first", field="name",
                                usedMb=used >> 20, quotaMb=quota >> 20)
-            meta = await trio.to_thread.run_sync(self._snapshot_exists, ws, name)
-            if meta:
+            if await trio.to_thread.run_sync(self._snapshot_exists, ws, name):
                 raise Conflict(f"a snapshot named {name!r} exists in this workspace; snapshot.rm it "
                                "first", field="name")
             async with rig.state_lock:
@@ -590,17 +585,7 @@ class RigManager:
             spec = image.spec
             params = dataclasses.replace(params, memory_mb=spec.memory_mb, vcpus=spec.vcpus)
             async with self._admission:
-                decision = plan_admission(
-                    [rig_state(r, self.clock()) for r in self.live.values()],
-                    budget_mb=self.memory_budget_mb, need_mb=spec.memory_mb, now=self.clock(),
-                )
-                if not isinstance(decision, Admit):
-                    raise Conflict(decision.reason, field="memoryMb", budgetMb=self.memory_budget_mb)
-                for victim in decision.evict:
-                    other = self.live.get(victim)
-                    if other is not None:
-                        await self._reap(other, CloseReason.IDLE_TIMEOUT,
-                                         f"evicted to make room in the {self.memory_budget_mb} MB budget")
+                await self._make_room(spec.memory_mb, field="memoryMb")
                 row = self.new_row(params, ws_id, policy, created_by=caller.user.id, image_ref=spec.image,
                                    start_note=f"resumed from snapshot {name!r}: processes continue "
                                               "with the memory they had when it was taken; machine-id, "

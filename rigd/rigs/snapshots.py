@@ -196,15 +196,6 @@ class SnapshotShelf:
                          spec=spec_from_json(meta["spec"]), parent=f"snapshot {name}",
                          paused_s=float(meta.get("pausedMs", 0)) / 1000)
 
-    def meta(self, workspace: str, name: str) -> dict[str, Any]:
-        d = self.dir_of(workspace, name)
-        try:
-            return self._read(d)
-        except FileNotFoundError:
-            raise NotFound(f"no snapshot {name!r} in this workspace", field="name") from None
-        except (OSError, ValueError) as exc:
-            return {"name": name, "workspace": workspace, "damaged": str(exc)[:200]}
-
     def remove(self, workspace: str, name: str) -> None:
         d = self.dir_of(workspace, name)
         if not d.is_dir():

@@ -139,7 +139,7 @@ class VolumeShelf:
                 try:
                     if child.name.startswith(".tmp-"):
                         child.unlink()
-                    elif child.suffix == IMAGE_SUFFIX:
-                        os.chown(child, 0, 0) if os.geteuid() == 0 else None
+                    elif child.suffix == IMAGE_SUFFIX and os.geteuid() == 0:
+                        os.chown(child, 0, 0)
                 except OSError as exc:
                     log.warning("volume sweep", extra={"path": str(child), "error": str(exc)[:200]})
