@@ -666,6 +666,8 @@ class BrowserRecipe:
     sandbox: bool = True
     surface: Surface = Surface.BROWSER
     backing_format: str = "raw"
+    volume_bus: str = "device"
+    volume_owner: str | None = None
     profiles: ProfileStore | None = None
     #: A custom image's pack (its digest is ``assets.boot.image_digest``), or None: the built one.
     custom: CustomPack | None = None
@@ -691,8 +693,9 @@ class BrowserRecipe:
     snapshot_at_hello: bool = True
 
     def warm_eligible(self, spec: MachineSpec) -> bool:
-        # As for terminals, a custom image (a pack an admin can replace) boots cold.
-        return self.custom is None
+        # As for terminals, a custom image (a pack an admin can replace) boots cold, and so
+        # does a rig with volumes (no snapshot has those disks; a microvm takes no hot-plug).
+        return self.custom is None and not spec.volumes
 
     def warm_shape(self, spec: MachineSpec) -> tuple[list[str], dict[str, Any]]:
         boot = self.assets.boot

@@ -128,6 +128,8 @@ class DesktopRecipe:
     tools: Path | None = None
     surface: Surface = Surface.COMPUTER
     backing_format: str = "qcow2"
+    volume_bus: str = "pci"
+    volume_owner: str | None = DESKTOP_SESSION_USER
 
     @property
     def backing(self) -> Path:
@@ -170,9 +172,10 @@ class DesktopRecipe:
     snapshot_at_hello: bool = False
 
     def warm_eligible(self, spec: MachineSpec) -> bool:
-        """Warm starts for the usual shape: the server's accelerator, the image's boot mode."""
+        """Warm starts for the usual shape: the server's accelerator, the image's boot mode, no
+        volumes (no snapshot has those disks)."""
         return (spec.accel in (None, self.config.accel)
-                and spec.display in (None, self.default_display))
+                and spec.display in (None, self.default_display) and not spec.volumes)
 
     def warm_shape(self, spec: MachineSpec) -> tuple[list[str], dict[str, Any]]:
         usual = MachineSpec(rig_id=spec.rig_id, surface=spec.surface, memory_mb=spec.memory_mb,

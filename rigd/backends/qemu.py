@@ -239,7 +239,8 @@ class QemuMachine:
         argv = self.recipe.argv(self.spec, self.paths, mac=rig_mac(self.spec.rig_id),
                                 incoming=incoming, tap_fd=tap_fd)
         if self.spec.volumes:
-            argv += volume_argv([v.read_only for v in self.spec.volumes], volume_fds)
+            argv += volume_argv([v.read_only for v in self.spec.volumes], volume_fds,
+                                bus=self.recipe.volume_bus)
         return argv
 
     async def _open_volumes(self) -> list[list[int]]:
@@ -304,6 +305,10 @@ class QemuMachine:
                 f"$bb mount -t ext4 -o {'ro' if vol.read_only else 'rw'},nodev,nosuid \"$dev\" "
                 f"{shlex.quote(vol.path)}"
             )
+            owner = self.recipe.volume_owner
+            if owner is not None and not vol.read_only:
+                # The session user's to write (its top directory only: what is inside stays whose it is).
+                script += f" && $bb chown {shlex.quote(owner)}: {shlex.quote(vol.path)}"
             result = await self.exec(["/.rigd/bin/busybox", "sh", "-c", script], cwd=None, env=None,
                                      stdin=None, timeout_s=60, max_output=4096)
             if result.exit_code != 0:

@@ -122,6 +122,17 @@ class BootRecipe(Protocol):
         """The backing file's format ("raw", "qcow2")."""
         ...
 
+    @property
+    def volume_bus(self) -> str:
+        """Where a volume's virtio-blk disk goes: "device" (a microvm's MMIO) or "pci" (q35)."""
+        ...
+
+    @property
+    def volume_owner(self) -> str | None:
+        """The guest user a writable volume's top directory is given to at mount (a desktop's
+        session user), or None: root's, as made."""
+        ...
+
     def identity(self, spec: MachineSpec) -> Identity: ...
 
     def boot_deadline_s(self, spec: MachineSpec) -> float:

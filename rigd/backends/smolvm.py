@@ -103,6 +103,8 @@ class TerminalRecipe:
     backing: Path
     surface: Surface = Surface.TERMINAL
     backing_format: str = "raw"
+    volume_bus: str = "device"
+    volume_owner: str | None = None
     #: A custom image: its pack (digest, where its contract check is recorded); None: the built-in.
     custom: CustomPack | None = None
 

@@ -208,6 +208,18 @@ class ProfileStore:
             tmp.unlink(missing_ok=True)
         return len(plain)
 
+    def remove(self, owner: str, name: str) -> int:
+        """Delete ``owner``'s profile ``name`` of every engine; returns how many files went."""
+        gone = 0
+        for engine_dir in (self.root / owner).glob("*"):
+            path = self.path(ProfileRef(owner, name), engine_dir.name)
+            try:
+                path.unlink()
+                gone += 1
+            except FileNotFoundError:
+                pass
+        return gone
+
     def load(self, ref: ProfileRef, engine: str) -> ProfileState | None:
         """The saved state, or None when there is none yet. A file that does not open
         (tampered, another owner's, another key) is a RigdError saying so."""

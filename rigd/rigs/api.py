@@ -23,7 +23,7 @@ from rigd.model import ACCEL_OF, BACKEND_OF, TOOL_SURFACES, Accel, CloseReason, 
 from rigd.ports.forwards import RigPorts
 from rigd.ports.hub import PortsHub
 from rigd.rigs import lifecycle
-from rigd.rigs.live import Caller, LiveRig
+from rigd.rigs.live import Caller, LiveRig, renewed_lease
 from rigd.rigs.manager import CONTROL_LEASE_S, WATCH_LAPSE_S, RigManager, egress_json
 from rigd.rigs.params import (
     ActParams,
@@ -38,6 +38,7 @@ from rigd.rigs.params import (
     OpenParams,
     PortShareParams,
     RigRef,
+    SeatParams,
     SnapshotRef,
     VolumeCreate,
     parse_act,
@@ -53,12 +54,17 @@ from rigd.rigs.params import (
     parse_open,
     parse_port_share,
     parse_rig_ref,
+    parse_seat_acquire,
+    parse_seat_hand_over,
+    parse_seat_ref,
+    parse_seat_release,
     parse_snapshot_create,
     parse_snapshot_rm,
     parse_volume_create,
     parse_workspace_ref,
 )
 from rigd.rigs.render import iso_at
+from rigd.rigs.seats import Seats
 from rigd.store.util import iso, utcnow
 from rigd.verbs import ParseContext, audit_args, is_observation, parse_action
 from rigd.verbs.base import DESKTOP_MIN
@@ -85,6 +91,7 @@ def conversation_rig(rig: LiveRig, ws_id: str, params: OpenParams) -> bool:
 class RigApi:
     def __init__(self, rigs: RigManager) -> None:
         self.rigs = rigs
+        self.seats = Seats(rigs)
 
     async def call(self, method: str, caller: Caller, raw: object) -> Any:
         """Parse ``raw`` as the RPC method's parameters and run it: the server's method
@@ -110,6 +117,8 @@ class RigApi:
         if params.surface is Surface.COMPUTER:
             params = self._computer_backend(params)
         db = await self.rigs.stores.workspace(ws_id)
+        if params.seat is not None:  # (the seat's one rig, its own volume and profile)
+            return await self._answer_open(await self.seats.open(caller, params, ws_id, db), params.wait)
         if params.profile is not None:
             # A profile is one browser's at a time (two engines writing one profile lose saves).
             for rig in self.rigs.live.values():
@@ -277,6 +286,8 @@ class RigApi:
             await self.rigs.audit_event(rig, caller, "control_take", {})
             await self.rigs.set_person_control(rig, caller.user.id, "taken")
         else:
+            if await self.seats.hand_back_rig(caller, rig):  # (a handed seat's release is its hand-back)
+                return self.rigs.rig_json(rig.row, rig)
             if holder is None:
                 raise Conflict("nobody holds control of this rig")
             if holder != caller.user.id and not caller.user.is_admin:
@@ -293,7 +304,7 @@ class RigApi:
         now = self.rigs.clock()
         rig.watched_until = now + WATCH_LAPSE_S
         if rig.person_controller == caller.user.id:
-            rig.lease_until = now + CONTROL_LEASE_S
+            rig.lease_until = renewed_lease(rig, now, CONTROL_LEASE_S)
         return {"rigId": rig_id, "phase": rig.row.phase, "watchedUntil": iso_at(rig.watched_until),
                 "controller": self.rigs.rig_json(rig.row, rig)["controller"]}
 
@@ -326,6 +337,26 @@ class RigApi:
     async def volume_rm(self, caller: Caller, ref: SnapshotRef) -> dict[str, Any]:
         assert ref.workspace is not None
         return await self.rigs.volume_rm(caller, ref.workspace, ref.name)
+
+    # -- seats (issue 29) -------------------------------------------------------------------
+
+    async def seat_list(self, caller: Caller, params: ListParams) -> list[dict[str, Any]]:
+        return await self.seats.listing(caller, params.workspace)
+
+    async def seat_acquire(self, caller: Caller, params: SeatParams) -> dict[str, Any]:
+        return await self.seats.acquire(caller, params)
+
+    async def seat_release(self, caller: Caller, params: SeatParams) -> dict[str, Any]:
+        return await self.seats.release(caller, params)
+
+    async def seat_hand_over(self, caller: Caller, params: SeatParams) -> dict[str, Any]:
+        return await self.seats.hand_over(caller, params)
+
+    async def seat_hand_back(self, caller: Caller, params: SeatParams) -> dict[str, Any]:
+        return await self.seats.hand_back(caller, params)
+
+    async def seat_rm(self, caller: Caller, params: SeatParams) -> dict[str, Any]:
+        return await self.seats.remove(caller, params)
 
     async def park(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
         rig_id = ref.rig_id
@@ -395,7 +426,9 @@ class RigApi:
         async with trio.open_nursery() as nursery:
             for rig in rigs:
                 nursery.start_soon(self.rigs.close_rig, rig, CloseReason.CONVERSATION_ENDED, caller)
-        return {"closed": [r.row.id for r in rigs]}
+        # A seat's rig outlives the conversation; the seat is free for the next one.
+        freed = await self.seats.release_conversation(ws_id, conversation)
+        return {"closed": [r.row.id for r in rigs], "seatsReleased": freed}
 
     async def retry(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
         """Replace a failed rig with a fresh machine opened the same way."""
@@ -453,6 +486,12 @@ RIG_METHODS: dict[str, tuple[Callable[[object], Any], str]] = {
     "volume.create": (parse_volume_create, "volume_create"),
     "volume.list": (parse_workspace_ref, "volume_list"),
     "volume.rm": (parse_snapshot_rm, "volume_rm"),
+    "seat.list": (parse_workspace_ref, "seat_list"),
+    "seat.acquire": (parse_seat_acquire, "seat_acquire"),
+    "seat.release": (parse_seat_release, "seat_release"),
+    "seat.handOver": (parse_seat_hand_over, "seat_hand_over"),
+    "seat.handBack": (parse_seat_ref, "seat_hand_back"),
+    "seat.rm": (parse_seat_ref, "seat_rm"),
     "rig.retry": (parse_rig_ref, "retry"),
     "rig.events": (parse_events, "events_since"),
     "rig.ports": (parse_rig_ref, "ports"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -107,6 +108,22 @@ class LiveRig:
         return None
 
 
+def seat_profile_owner(workspace_id: str) -> str:
+    """Whose profiles a workspace's seats keep (issue 29): the workspace's, not a caller's, so
+    every conversation at a seat finds its logins. (A profile path part: letters, digits, _ -.)"""
+    return f"seats-{workspace_id}"
+
+
+def profile_owner(row: RigRow) -> str:
+    """Whose browser profile a rig loads and saves: its seat's, or its opener's."""
+    return seat_profile_owner(row.workspace_id) if row.seat is not None else row.created_by
+
+
+def renewed_lease(rig: LiveRig, now: float, lease_s: float) -> float:
+    """A person's control lease renewed by their activity; a seat handed to them has no end."""
+    return rig.lease_until if rig.lease_until == math.inf else now + lease_s
+
+
 def rig_state(rig: LiveRig, now: float) -> RigState:
     """What the scheduler's pure decisions see of a live rig."""
     if rig.lease_until is not None and rig.lease_until <= now:
@@ -120,6 +137,7 @@ def rig_state(rig: LiveRig, now: float) -> RigState:
         expires_at=rig.expires_at, idle_s=rig.row.idle_s, resident_mb=resident,
         terminals=rig.terminals, watched_until=rig.watched_until,
         controlled_by_person=controlled, busy=rig.busy, pooled=rig.pool_key is not None,
+        seat=rig.row.seat is not None,
     )
 
 

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -47,7 +48,7 @@ from rigd.backends.base import (
     VolumeMount,
 )
 from rigd.backends.layout import LeftBehind, remove_tree
-from rigd.browser.profiles import ProfileState
+from rigd.browser.profiles import ProfileState, ProfileStore
 from rigd.errors import BackendError, Conflict, FieldError, NotFound, RigdError, from_netgate, leaves
 from rigd.model import (
     ACCEL_OF,
@@ -78,6 +79,8 @@ from rigd.rigs.live import (
     LiveRig,
     egress_json,
     net_audit_sink,
+    profile_owner,
+    renewed_lease,
     rig_state,
     write_net_audit,
 )
@@ -271,7 +274,7 @@ class RigManager:
             raise from_netgate(exc) from None
 
     async def start(
-        self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB
+        self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB, *, seat: str | None = None
     ) -> LiveRig:
         assert self._nursery is not None, "RigManager.run is not running"
         policy = self.egress_policy(params.surface, list(params.egress_allow), params.egress_defaults)
@@ -292,6 +295,7 @@ class RigManager:
             await self._make_room(params.memory_mb, field="memoryMb")
             row = self.new_row(params, ws_id, policy, created_by=caller.user.id, image_ref=image_ref,
                                image_note=image_note, start_note=start_note)
+            row.seat = seat
             for m in mounts:
                 self.volume_users.setdefault((ws_id, m.name), {})[row.id] = m.read_only
             try:
@@ -475,7 +479,7 @@ class RigManager:
 
     async def volume_create(self, caller: Caller, workspace: str, name: str, size_mb: int) -> dict[str, Any]:
         ws = await self.workspace_for(caller, workspace)
-        quota = await self._setting_mb(ws, VOLUME_QUOTA, VOLUME_QUOTA_DEFAULT_MB)
+        quota = await self.setting_mb(ws, VOLUME_QUOTA, VOLUME_QUOTA_DEFAULT_MB)
         async with self._volume_lock:
             used = await trio.to_thread.run_sync(self.volumes.size_used_mb, ws)
             if used + size_mb > quota:
@@ -502,7 +506,7 @@ class RigManager:
 
     # -- named snapshots (issue 29) -------------------------------------------------------
 
-    async def _setting_mb(self, ws_id: str, key: str, default: int) -> int:
+    async def setting_mb(self, ws_id: str, key: str, default: int) -> int:
         """A workspace's MB setting (a quota), or its default on a server without settings."""
         if self.settings_of is None:
             return default
@@ -524,7 +528,7 @@ class RigManager:
             raise FieldError("rigId", f"rig {rig_id} has volumes attached; a snapshot keeps one machine's "
                                       "disk, not its volumes: snapshot a rig without volumes")
         ws = row.workspace_id
-        quota = await self._setting_mb(ws, SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB) << 20
+        quota = await self.setting_mb(ws, SNAPSHOT_QUOTA, SNAPSHOT_QUOTA_DEFAULT_MB) << 20
         async with self._snapshot_lock:  # (one create at a time: quota and names stay true)
             used = await trio.to_thread.run_sync(self.shelf.bytes_used, ws)
             if used >= quota:
@@ -568,6 +572,10 @@ class RigManager:
                                "they are up", field="name", rigs=users)
             await trio.to_thread.run_sync(self.shelf.remove, ws, name)
         return {"name": name, "workspace": ws, "removed": True}
+
+    async def drop_profiles(self, owner: str, name: str) -> None:
+        """Delete a profile of every engine (a removed seat's)."""
+        await trio.to_thread.run_sync(ProfileStore(self.stores.data_dir).remove, owner, name)
 
     async def _start_from_snapshot(self, caller: Caller, params: OpenParams, ws_id: str, db: WorkspaceDB,
                                    policy: Policy | None) -> LiveRig:
@@ -648,7 +656,7 @@ class RigManager:
                             display=((row.display_w, row.display_h) if row.display_w and row.display_h
                                      else None),
                             engine=row.engine,
-                            profile=(row.created_by, rig.profile) if rig.profile else None,
+                            profile=(profile_owner(row), rig.profile) if rig.profile else None,
                             image=row.image_ref, browser_state=rig.seed, volumes=rig.volumes,
                         )
                     with trio.CancelScope() as scope:
@@ -717,7 +725,7 @@ class RigManager:
         if rig.phase is Phase.PARKED:
             async with rig.state_lock:
                 if rig.phase is Phase.PARKED:
-                    await self._wake(rig, "woken by a connection to a forwarded port")
+                    await self.wake(rig, "woken by a connection to a forwarded port")
 
     def ports_json(self, rig_id: str) -> dict[str, Any] | None:
         return self.ports.describe(rig_id) if self.ports is not None else None
@@ -817,7 +825,7 @@ class RigManager:
         and count it as activity (for idleness, lease renewal and the controller)."""
         async with rig.state_lock:
             if rig.phase is Phase.PARKED:
-                await self._wake(rig, "woken by an action")
+                await self.wake(rig, "woken by an action")
             lifecycle.require_phase(rig.phase, frozenset({Phase.READY}), doing)
             machine = rig.machine
             if machine is None:
@@ -836,14 +844,14 @@ class RigManager:
         changes: dict[str, Any] = {"last_active_at": iso(utcnow())}
         if caller is not None:
             if rig.person_controller == caller.user.id:
-                rig.lease_until = now + CONTROL_LEASE_S
+                rig.lease_until = renewed_lease(rig, now, CONTROL_LEASE_S)
             elif caller.actor_kind == "agent":
                 rig.last_agent = caller.actor_id
                 if rig.person_controller is None and rig.row.controller_id != caller.actor_id:
                     changes.update(controller_kind="agent", controller_id=caller.actor_id)
         await self.update(rig, **changes)
 
-    async def _wake(self, rig: LiveRig, why: str) -> None:
+    async def wake(self, rig: LiveRig, why: str) -> None:
         """Resume a parked rig. Call with ``rig.state_lock`` held."""
         assert rig.machine is not None
         await rig.machine.wake()
@@ -910,13 +918,16 @@ class RigManager:
 
     # -- control, watching, parking on request -----------------------------------------
 
-    async def set_person_control(self, rig: LiveRig, person: str | None, why: str) -> None:
+    async def set_person_control(self, rig: LiveRig, person: str | None, why: str, *,
+                                 handed: bool = False) -> None:
+        """Give ``person`` control (a lease they renew by watching; ``handed``: a seat handed to
+        them, with no lease to lapse until they hand it back), or take it back (None)."""
         previous = rig.row.controller_id if rig.row.controller_kind == "person" else None
         if person is None:
             rig.lease_until = None
             kind, who = ("agent", rig.last_agent) if rig.last_agent else (None, None)
         else:
-            rig.lease_until = self.clock() + CONTROL_LEASE_S
+            rig.lease_until = math.inf if handed else self.clock() + CONTROL_LEASE_S
             kind, who = "person", person
         await self.update(rig, controller_kind=kind, controller_id=who)
         await self.events.publish(
@@ -1019,7 +1030,7 @@ class RigManager:
             self.keep_watched(live)
         async with live.state_lock:
             if live.phase is Phase.PARKED:
-                await self._wake(live, woken)
+                await self.wake(live, woken)
             lifecycle.require_phase(live.phase, frozenset({Phase.READY}), doing)
         if live.machine is None:
             raise Conflict(f"rig {rig_id}: the machine is not running")

@@ -133,12 +133,27 @@ class OpenParams:
     snapshot: str | None = None
     #: The workspace's volumes to attach (issue 29).
     volumes: tuple[VolumeRequest, ...] = ()
+    #: The seat whose lasting rig this open opens or wakes (issue 29), or None.
+    seat: str | None = None
 
 
 OPEN_FIELDS = {
     "workspace", "surface", "conversation", "engine", "backend", "display", "memoryMb",
-    "vcpus", "ttlS", "idleS", "egress", "wait", "profile", "snapshot", "volumes",
+    "vcpus", "ttlS", "idleS", "egress", "wait", "profile", "snapshot", "volumes", "seat",
 }
+
+#: A seat's name: its volume is ``seat.<name>`` and its browser profile ``<name>``.
+SEAT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,47}")
+SEAT_NAME_RULE = "1-48 letters, digits, '_' or '-', starting with a letter or digit"
+#: Where a seat's volume is mounted in its rig.
+SEAT_PATH = "/workspace"
+
+
+def seat_name(params: dict[str, Any], name: str = "name") -> str:
+    value = params.get(name)
+    if not isinstance(value, str) or not SEAT_NAME_RE.fullmatch(value):
+        raise FieldError(name, f"must be {SEAT_NAME_RULE}")
+    return value
 
 #: At most this many volumes per rig.
 MAX_VOLUMES = 8
@@ -303,13 +318,25 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
         snapshot = snapshot_name(params, "snapshot")
     volumes: tuple[VolumeRequest, ...] = ()
     if params.get("volumes") is not None:
-        if surface is not Surface.TERMINAL:
-            raise FieldError("volumes", f"only terminal rigs take volumes in this build, not {surface}")
         volumes = parse_volumes(params["volumes"])
         if snapshot is not None and volumes:
             raise FieldError("volumes", "a rig resumed from a snapshot takes no volumes")
+    seat = None
+    if params.get("seat") is not None:
+        seat = seat_name(params, "seat")
+        if snapshot is not None:
+            raise FieldError("seat", "a seat's rig is its own lasting machine, never one resumed from "
+                                     "a snapshot; open the snapshot without a seat")
+        if profile is not None:
+            raise FieldError("profile", f"a seat's browser keeps the seat's own profile ({seat!r}); "
+                                        "open without a profile")
+        for i, v in enumerate(volumes):
+            if v.path == SEAT_PATH or v.path.startswith(SEAT_PATH + "/") \
+                    or SEAT_PATH.startswith(v.path + "/"):
+                raise FieldError(f"volumes[{i}].path", f"overlaps {SEAT_PATH}, where the seat's own "
+                                                       "volume is mounted")
     return OpenParams(
-        profile=profile, snapshot=snapshot, volumes=volumes,
+        profile=profile, snapshot=snapshot, volumes=volumes, seat=seat,
         workspace=workspace, surface=surface, conversation=conversation, engine=engine,
         backend=backend, display=display, memory_mb=memory_mb, vcpus=vcpus, ttl_s=ttl_s,
         idle_s=idle_s, egress_allow=allow, egress_defaults=defaults,
@@ -390,6 +417,45 @@ def parse_volume_create(raw: object) -> VolumeCreate:
         raise FieldError("sizeMb", f"is required: the volume's size, 16 to {MAX_VOLUME_MB} MB")
     return VolumeCreate(string(params, "workspace", max_len=128), snapshot_name(params, "name"),
                         integer(params, "sizeMb", 16, MAX_VOLUME_MB, 0, "MB"))
+
+
+@dataclass(frozen=True, slots=True)
+class SeatParams:
+    """``seat.acquire {workspace, name, conversation}``, ``seat.release`` (conversation
+    optional: an admin or the holder), ``seat.handOver {workspace, name, to}`` (a person's
+    user id; omitted: the caller), ``seat.handBack`` and ``seat.rm {workspace, name}``."""
+
+    workspace: str
+    name: str
+    conversation: str | None = None
+    to: str | None = None
+
+
+def parse_seat_ref(raw: object) -> SeatParams:
+    params = obj(raw)
+    no_extra(params, {"workspace", "name"})
+    return SeatParams(string(params, "workspace", max_len=128), seat_name(params))
+
+
+def parse_seat_acquire(raw: object) -> SeatParams:
+    params = obj(raw)
+    no_extra(params, {"workspace", "name", "conversation"})
+    return SeatParams(string(params, "workspace", max_len=128), seat_name(params),
+                      conversation=ident(params, "conversation"))
+
+
+def parse_seat_release(raw: object) -> SeatParams:
+    params = obj(raw)
+    no_extra(params, {"workspace", "name", "conversation"})
+    return SeatParams(string(params, "workspace", max_len=128), seat_name(params),
+                      conversation=ident(params, "conversation", required=False))
+
+
+def parse_seat_hand_over(raw: object) -> SeatParams:
+    params = obj(raw)
+    no_extra(params, {"workspace", "name", "to"})
+    return SeatParams(string(params, "workspace", max_len=128), seat_name(params),
+                      to=ident(params, "to", required=False))
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ the stored row and what the live rig knows."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -64,7 +65,7 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
         "controller": controller, "memoryMb": row.memory_mb, "vcpus": row.vcpus,
         "createdAt": row.created_at, "lastActiveAt": row.last_active_at,
         "expiresAt": row.expires_at, "closedAt": row.closed_at, "image": row.image,
-        "imageRef": row.image_ref, "start": row.start, "forkedFrom": row.forked_from,
+        "imageRef": row.image_ref, "start": row.start, "forkedFrom": row.forked_from, "seat": row.seat,
         "execImage": row.exec_image, "securityBoundary": row.accel != Accel.TCG.value,
         "pid": row.pid if row.phase != Phase.CLOSED.value else None,
         "notes": notes,
@@ -88,7 +89,9 @@ def rig_json(row: RigRow, live: LiveRig | None, *, now: float, network: str | No
         if live.watched_until is not None and live.watched_until > now:
             out["watchedUntil"] = iso_at(live.watched_until)
         if controller is not None and live.lease_until is not None:
-            out["controller"] = {**controller, "until": iso_at(live.lease_until)}
+            # (a seat handed to a person: theirs until they hand it back)
+            until = iso_at(live.lease_until) if math.isfinite(live.lease_until) else None
+            out["controller"] = {**controller, "until": until}
     if row.phase == Phase.FAILED.value or (row.close_reason == CloseReason.BACKEND_FAILURE.value
                                             and row.console_tail):
         out["consoleTail"] = (row.console_tail or "")[-2048:]

@@ -19,6 +19,7 @@ Rules:
   running an action; if that cannot make room the open is refused, naming the
   budget and what holds it. Pooled rigs (issue 28) go first, ready or still
   starting.
+- **Seats.** A seat's rig (issue 29) parks when idle but is never closed for idleness.
 - **Pools.** A pooled rig is owned by no one: it neither parks nor closes for
   idleness (its pool replaces it by age, :mod:`rigd.rigs.pools`).
 """
@@ -48,6 +49,9 @@ class RigState:
     #: A pooled rig (issue 28): owned by no one yet; never parked nor idle-reaped, and the
     #: first to be evicted for memory.
     pooled: bool = False
+    #: A seat's rig (issue 29): parks when idle, never closed for idleness (TTL and memory
+    #: still close it; its seat reopens it).
+    seat: bool = False
 
     def watched(self, now: float) -> bool:
         return self.watched_until is not None and now < self.watched_until
@@ -93,7 +97,7 @@ def plan_idle(rigs: Iterable[RigState], now: float) -> list[Decision]:
         if rig.pins(now) or rig.busy:
             continue
         idle = now - rig.last_active
-        if idle >= 2 * rig.idle_s:
+        if idle >= 2 * rig.idle_s and not rig.seat:
             out.append(Close(rig.id, CloseReason.IDLE_TIMEOUT, reaped=True))
         elif idle >= rig.idle_s and rig.phase is Phase.READY:
             out.append(Park(rig.id))

@@ -129,6 +129,23 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE rig_sessions ADD COLUMN forked_from TEXT;
     """,
+    # v8: seats (issue 29): a named agent's one lasting rig, its volume and profile; which
+    # conversation holds it, and the person it is handed to
+    """
+    ALTER TABLE rig_sessions ADD COLUMN seat TEXT;
+    CREATE TABLE seats (
+        name TEXT PRIMARY KEY,
+        surface TEXT NOT NULL,
+        engine TEXT,
+        created_by TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        rig_id TEXT,
+        holder TEXT,
+        held_since TEXT,
+        handed_to TEXT,
+        handed_at TEXT
+    );
+    """,
 ]
 
 
@@ -176,9 +193,33 @@ class RigRow:
     start_note: str | None = None
     #: The rig this one was forked from (``rig.fork``), or None.
     forked_from: str | None = None
+    #: The seat this rig serves (``rig.open {seat}``), or None.
+    seat: str | None = None
 
 
 _RIG_COLUMNS = [f.name for f in fields(RigRow)]
+
+
+@dataclass(slots=True)
+class SeatRow:
+    """A row of ``seats``: a named agent's lasting rig in its workspace (issue 29)."""
+
+    name: str
+    surface: str
+    engine: str | None
+    created_by: str
+    created_at: str
+    #: The seat's current (or last) rig, or None before its first open.
+    rig_id: str | None = None
+    #: The conversation holding the seat, and since when; None: free.
+    holder: str | None = None
+    held_since: str | None = None
+    #: The person the seat is handed to (they drive it, agents only watch), and when.
+    handed_to: str | None = None
+    handed_at: str | None = None
+
+
+_SEAT_COLUMNS = [f.name for f in fields(SeatRow)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +352,41 @@ class WorkspaceDB:
                 LIVE_PHASES,
             ).fetchall()
         return [_rig(r) for r in rows]
+
+    # -- seats (issue 29) ----------------------------------------------------
+
+    def get_seat(self, name: str) -> SeatRow | None:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM seats WHERE name = ?", (name,)).fetchone()
+        return None if row is None else SeatRow(**{c: row[c] for c in _SEAT_COLUMNS})
+
+    def list_seats(self) -> list[SeatRow]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM seats ORDER BY name").fetchall()
+        return [SeatRow(**{c: r[c] for c in _SEAT_COLUMNS}) for r in rows]
+
+    def insert_seat(self, row: SeatRow) -> None:
+        with self._lock:
+            self._conn.execute(
+                f"INSERT INTO seats ({', '.join(_SEAT_COLUMNS)}) "  # noqa: S608 - column names are ours
+                f"VALUES ({', '.join('?' for _ in _SEAT_COLUMNS)})",
+                [getattr(row, c) for c in _SEAT_COLUMNS],
+            )
+
+    def update_seat(self, name: str, **changes: Any) -> None:
+        unknown = set(changes) - set(_SEAT_COLUMNS)
+        if unknown or "name" in changes:
+            raise ValueError(f"not seats columns to change: {sorted(unknown | ({'name'} & set(changes)))}")
+        if changes:
+            with self._lock:
+                self._conn.execute(
+                    f"UPDATE seats SET {', '.join(f'{c} = ?' for c in changes)} WHERE name = ?",  # noqa: S608 - checked above
+                    [*changes.values(), name],
+                )
+
+    def delete_seat(self, name: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM seats WHERE name = ?", (name,))
 
     # -- rig_events ---------------------------------------------------------
 

@@ -116,10 +116,11 @@ def test_a_terminal_fork_continues_processes_with_its_own_files_and_identity(sha
 
 def test_a_named_snapshot_and_a_volume_survive_a_killed_server() -> None:
     """snapshot.create keeps RAM and disk under the workspace; volume.create makes an ext4
-    disk a terminal rig mounts where asked. A server killed with SIGKILL (a writer attached)
-    and started again lists both: the snapshot resumes twice, each a machine of its own; the
-    volume has what the writer synced; a second writer is refused naming the field; a reader
-    cannot write. (One server pair and one kill for both: each restart costs the test loop.)"""
+    disk a terminal rig mounts where asked; a seat's rig has its volume at /workspace. A
+    server killed with SIGKILL (the seat's rig writing) and started again lists all three:
+    the snapshot resumes twice, each a machine of its own; the seat reopens as a new rig with
+    what its volume had synced; a second writer is refused naming the field; a reader cannot
+    write. (One server pair and one kill for all: each restart costs the test loop.)"""
     data_dir = make_data_dir()
     first = start_server(data_dir)
     try:
@@ -133,11 +134,13 @@ def test_a_named_snapshot_and_a_volume_survive_a_killed_server() -> None:
         err = srv.error("snapshot.create", {"rigId": parent["id"], "name": "../x"})
         assert err["data"]["field"] == "name", err
 
-        made = srv.call("volume.create", {"workspace": "default", "name": "data", "sizeMb": 64})
+        # The seat's volume, made beforehand at a size of our own (a first open would make it).
+        made = srv.call("volume.create", {"workspace": "default", "name": "seat.ada", "sizeMb": 64})
         assert made["sizeMb"] == 64 and made["attachedTo"] == []
-        mount = [{"name": "data", "path": "/workspace"}]
-        writer = open_terminal(srv, volumes=mount)
-        assert writer["volumes"] == [{"name": "data", "path": "/workspace", "readOnly": False}]
+        mount = [{"name": "seat.ada", "path": "/workspace"}]
+        writer = open_terminal(srv, seat="ada", conversation="c1")
+        assert writer["seat"] == "ada" and writer["volumes"] == [{**mount[0], "readOnly": False}], writer
+        assert open_terminal(srv, seat="ada")["id"] == writer["id"]  # (the seat's one rig)
         assert "/workspace ext4 rw" in sh(srv, writer["id"], "cat /proc/mounts")
         sh(srv, writer["id"], "echo first > /workspace/a.txt && sync")
         err = srv.error("rig.open", {"workspace": "default", "surface": "terminal", "volumes": mount})
@@ -171,8 +174,15 @@ def test_a_named_snapshot_and_a_volume_survive_a_killed_server() -> None:
                 srv.call("rig.close", {"rigId": rig["id"]})
 
             [vol] = srv.call("volume.list", {"workspace": "default"})
-            assert vol["name"] == "data" and vol["attachedTo"] == []
-            again = open_terminal(srv, volumes=mount)  # (its mount replays the killed writer's journal)
+            assert vol["name"] == "seat.ada" and vol["attachedTo"] == []
+            [seat] = srv.call("seat.list", {"workspace": "default"})
+            assert seat == {**seat, "name": "ada", "rigId": writer["id"], "state": "closed",
+                            "holder": {"conversation": "c1", "since": seat["holder"]["since"]}}, seat
+            err = srv.error("rig.open", {"workspace": "default", "surface": "terminal", "seat": "ada",
+                                         "conversation": "c2"})
+            assert err["data"]["field"] == "seat" and err["data"]["holder"] == "c1", err
+            again = open_terminal(srv, seat="ada", conversation="c1")  # (a new rig: it replays the journal)
+            assert again["id"] != writer["id"] and again["seat"] == "ada", again
             assert sh(srv, again["id"], "cat /workspace/a.txt") == "first\n"
             sh(srv, again["id"], "echo second >> /workspace/a.txt")
             srv.call("rig.close", {"rigId": again["id"]})  # (unmounted and flushed before QEMU quits)
@@ -180,11 +190,12 @@ def test_a_named_snapshot_and_a_volume_survive_a_killed_server() -> None:
             assert sh(srv, reader["id"], "cat /workspace/a.txt") == "first\nsecond\n"
             out = exec_(srv, reader["id"], command="echo no > /workspace/b.txt")
             assert out["exitCode"] != 0 and "Read-only" in out["stderr"]["text"], out
-            err = srv.error("volume.rm", {"workspace": "default", "name": "data"})
+            err = srv.error("volume.rm", {"workspace": "default", "name": "seat.ada"})
             assert err["data"]["rigs"] == [reader["id"]], err
             srv.call("rig.close", {"rigId": reader["id"]})
-            srv.call("volume.rm", {"workspace": "default", "name": "data"})
+            srv.call("seat.rm", {"workspace": "default", "name": "ada"})  # (and its volume)
             assert srv.call("volume.list", {"workspace": "default"}) == []
+            assert srv.call("seat.list", {"workspace": "default"}) == []
     finally:
         first.stop()
         reap(data_dir)

@@ -284,6 +284,26 @@ def test_terminal_rig_from_open_to_close(site: Site) -> None:
     assert [v["name"] for v in srv.call("volume.list", {"workspace": "default"})] == ["page-vol"]
     vol.get_by_role("button", name="Remove volume page-vol").click()
     vol.wait_for(state="detached")
+    # Seats: a seat's row (its rig still coming up is enough), handed to the person and back;
+    # closing its rig frees it for removal, its volume with it.
+    seat_rig = srv.call("rig.open", {"workspace": "default", "surface": "terminal", "seat": "page-seat",
+                                     "wait": False})
+    page.reload()
+    seat = page.locator("#seats-body tr[data-seat='page-seat']")
+    seat.wait_for(timeout=30_000)
+    assert "seat.page-seat at /workspace" in seat.inner_text()
+    seat.get_by_role("button", name="Hand seat page-seat to me").click()
+    seat.get_by_role("button", name="Hand seat page-seat back").wait_for(timeout=30_000)
+    assert "you" in seat.inner_text()
+    [listed] = srv.call("seat.list", {"workspace": "default"})
+    assert listed["handedTo"]["id"] == srv.call("whoami")["id"], listed
+    seat.get_by_role("button", name="Hand seat page-seat back").click()
+    seat.get_by_role("button", name="Hand seat page-seat to me").wait_for(timeout=30_000)
+    srv.call("rig.close", {"rigId": seat_rig["id"]})
+    page.reload()
+    seat.get_by_role("button", name="Remove seat page-seat").click()
+    seat.wait_for(state="detached")
+    assert srv.call("volume.list", {"workspace": "default"}) == []
 
     # Its tab is an interactive terminal over the PTY WebSocket.
     row.get_by_role("link", name=f"Open the tab of {rig}").click()

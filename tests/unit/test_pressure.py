@@ -211,7 +211,7 @@ async def test_conversation_end_and_workspace_gone(world: World) -> None:
     a = await world.open(conversation="c1")
     b = await world.open(conversation="c2")
     ended = await world.api.call("conversation.end", world.agent, {"workspace": "default", "conversation": "c1"})
-    assert ended == {"closed": [a["id"]]}
+    assert ended == {"closed": [a["id"]], "seatsReleased": []}
     assert (await world.api.call("rig.get", world.person, {"rigId": a["id"]}))["closeReason"] == "conversationEnded"
     assert await world.rigs.close_workspace(world.ws.id) == [b["id"]]
     assert (await world.api.call("rig.get", world.person, {"rigId": b["id"]}))["closeReason"] == "workspaceGone"

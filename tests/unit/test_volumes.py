@@ -117,10 +117,11 @@ def test_bad_volume_mounts_are_field_errors(volumes: object, field: str) -> None
     assert exc.value.field == field
 
 
-def test_only_terminal_rigs_take_volumes_and_good_paths_pass() -> None:
-    with pytest.raises(FieldError) as exc:
-        parse_open({"workspace": "default", "surface": "computer", "volumes": []})
-    assert exc.value.field == "volumes"
+def test_every_surface_takes_volumes_and_good_paths_pass() -> None:
+    for surface in ("terminal", "computer", "browser"):
+        opened = parse_open({"workspace": "default", "surface": surface,
+                             "volumes": [{"name": "v", "path": "/workspace"}]})
+        assert [(v.name, v.path) for v in opened.volumes] == [("v", "/workspace")]
     assert all(volume_path_problem(p) is None for p in ("/workspace", "/home/rig/data", "/srv/a.b-c_d"))
 
 
@@ -138,6 +139,8 @@ def test_volumes_reach_qemu_as_fds_never_as_paths() -> None:
     ]
     with pytest.raises(ValueError):
         volume_argv([False], [])
+    # A desktop (q35) takes them on PCI.
+    assert volume_argv([True], [[5]], bus="pci")[-1] == "virtio-blk-pci,drive=vol0,serial=rigd-vol0"
 
 
 async def test_a_close_quiesces_a_rig_with_volumes_first_even_a_parked_one(world: World) -> None:

@@ -39,6 +39,11 @@ export class RigsScreen {
     const volTable = h("table.rigs", { "aria-labelledby": "volumes-title" },
       h("thead", {}, h("tr", {}, ["Volume", "Size", "Made", "Attached to", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
       this.volBody);
+    // Seats of the workspace (issue 29): each named agent's lasting rig, who holds it, whom it is handed to.
+    this.seatBody = h("tbody", { id: "seats-body" });
+    const seatTable = h("table.rigs", { "aria-labelledby": "seats-title" },
+      h("thead", {}, h("tr", {}, ["Seat", "Surface", "State", "Held by", "Handed to", "Volume", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
+      this.seatBody);
     replace(ctx.main,
       h("section.card", { "aria-labelledby": "rigs-title" },
         h("div.row", {},
@@ -46,6 +51,10 @@ export class RigsScreen {
           h("div.inline", {}, h("label", { for: "workspace" }, "Workspace"), this.select), open),
         this.status,
         h("div.scroll", {}, table)),
+      h("section.card", { "aria-labelledby": "seats-title" },
+        h("h2", { id: "seats-title" }, "Seats"),
+        h("p.muted", {}, "A seat is a named agent's lasting rig: rig.open {seat} opens or wakes it, with its volume at /workspace and its own browser profile. Hand one to yourself to drive it; agents only watch until you hand it back."),
+        h("div.scroll", {}, seatTable)),
       h("section.card", { "aria-labelledby": "snapshots-title" },
         h("h2", { id: "snapshots-title" }, "Snapshots"),
         h("p.muted", {}, "A snapshot keeps a running terminal or computer rig's memory and disk; each open resumes it as a rig of its own."),
@@ -87,8 +96,45 @@ export class RigsScreen {
     localStorage.setItem(WS_KEY, workspace);
     this.ctx.socket.subscribe(workspace);
     await this.reload();
+    await this.loadSeats();
     await this.loadSnapshots();
     await this.loadVolumes();
+  }
+
+  async loadSeats() {
+    try {
+      const list = await call("seat.list", { workspace: this.workspace });
+      if (this.disposed) return;
+      const me = this.ctx.session.me;
+      replace(this.seatBody, list.length ? list.map((seat) => {
+        const mine = seat.handedTo && seat.handedTo.id === me.id;
+        const running = ["provisioning", "ready", "parked"].includes(seat.state);
+        return h("tr", { dataset: { seat: seat.name, state: seat.state } },
+          h("th", { scope: "row" }, seat.name),
+          h("td", {}, seat.engine ? `${seat.surface} (${seat.engine})` : seat.surface),
+          h("td", {}, running && seat.rigId
+            ? h("a", { href: `/settings/server/rigs/${encodeURIComponent(seat.rigId)}`, "data-nav": true, "aria-label": `Open the tab of seat ${seat.name}` }, `${seat.state} · ${seat.rigId}`)
+            : seat.state),
+          h("td", {}, seat.holder ? seat.holder.conversation : "—"),
+          h("td", {}, seat.handedTo ? (mine ? "you" : seat.handedTo.id) : "—"),
+          h("td", {}, `${seat.volume} at ${seat.path}`),
+          h("td.actions", {},
+            !seat.handedTo && h("button", { type: "button", "aria-label": `Hand seat ${seat.name} to me`, onclick: () => this.seatAct(seat, "Handing you", "seat.handOver") }, "Hand to me"),
+            mine && h("button", { type: "button", "aria-label": `Hand seat ${seat.name} back`, onclick: () => this.seatAct(seat, "Handing back", "seat.handBack") }, "Hand back"),
+            seat.holder && h("button", { type: "button", "aria-label": `Release seat ${seat.name}`, onclick: () => this.seatAct(seat, "Releasing", "seat.release") }, "Release"),
+            h("button.danger", { type: "button", "aria-label": `Remove seat ${seat.name}`, disabled: running, onclick: () => this.seatAct(seat, "Removing", "seat.rm") }, "Remove")));
+      }) : h("tr", {}, h("td", { colspan: 7 }, "No seats. rig.open {seat: NAME} makes one.")));
+    } catch (e) { this.fail(e); }
+  }
+
+  async seatAct(seat, doing, method) {
+    announce(this.status, `${doing} seat ${seat.name}…`);
+    try {
+      await call(method, { workspace: this.workspace, name: seat.name });
+      announce(this.status, `${doing} seat ${seat.name}: done.`, "ok");
+      await this.loadSeats();
+      await this.reload();
+    } catch (e) { this.fail(e); }
   }
 
   async loadVolumes() {
@@ -197,8 +243,10 @@ export class RigsScreen {
   async onEvent(event) {
     if (event.workspace !== this.workspace || !event.rigId) return;
     if (event.type === "RigClosedEvent") {
+      const seated = this.rigs.get(event.rigId)?.seat;
       this.rigs.delete(event.rigId);
       this.render();
+      if (seated) this.loadSeats();
       announce(this.status, `Rig ${event.rigId} closed (${event.reason || event.closeReason || "closed"}).`);
       this.ctx.refreshFacts();
       return;
@@ -206,8 +254,10 @@ export class RigsScreen {
     try {
       const rig = await call("rig.get", { rigId: event.rigId });
       if (this.disposed) return;
+      const known = this.rigs.get(rig.id);
       if (rig.phase === "closed") this.rigs.delete(rig.id); else this.rigs.set(rig.id, rig);
       this.render();
+      if (rig.seat && (!known || known.phase !== rig.phase || known.controller?.id !== rig.controller?.id)) this.loadSeats();
       if (event.type === "RigPhaseChanged") this.ctx.refreshFacts();
     } catch { /* gone, or not ours */ }
   }
@@ -286,7 +336,8 @@ export class RigsScreen {
     const memory = rig.residentMb ? `${rig.residentMb} / ${rig.memoryMb} MB` : `${rig.memoryMb} MB`;
     return h("tr", { dataset: { rig: rig.id, phase: rig.phase } },
       h("th", { scope: "row" }, h("a", { href: `/settings/server/rigs/${encodeURIComponent(rig.id)}`, "data-nav": true }, rig.id),
-        rig.forkedFrom ? h("div.muted", {}, `forked from ${rig.forkedFrom}`) : null),
+        rig.forkedFrom ? h("div.muted", {}, `forked from ${rig.forkedFrom}`) : null,
+        rig.seat ? h("div.muted", {}, `seat ${rig.seat}`) : null),
       h("td", {}, rig.engine ? `${rig.surface} (${rig.engine})` : rig.surface),
       h("td.phase", {}, h("span.phase", { dataset: { phase: rig.phase } }, rig.phase),
         rig.phaseDetail ? h("div.muted", {}, rig.phaseDetail) : null,

@@ -177,14 +177,27 @@ export class RigTab {
       ["Memory", rig.residentMb ? `${rig.residentMb} of ${rig.memoryMb} MB resident` : `${rig.memoryMb} MB`],
     ];
     if (rig.forkedFrom) facts.push(["Forked from", h("a", { href: `/settings/server/rigs/${encodeURIComponent(rig.forkedFrom)}`, "data-nav": true }, rig.forkedFrom)]);
-    // Fork and Snapshot (issue 29): copies of this instant, or this instant kept by name.
-    replace(this.actions, rig.phase === "ready" ? [
-      h("button", { type: "button", id: "fork-rig", onclick: () => this.fork() }, "Fork"),
-      rig.surface !== "browser" ? h("button", { type: "button", id: "snapshot-rig", onclick: () => this.snapshot() }, "Snapshot") : null] : []);
+    if (rig.seat) facts.push(["Seat", `${rig.seat}${this.mine() ? " — handed to you" : ""}`]);
+    // Fork and Snapshot (issue 29): copies of this instant, or this instant kept by name (a rig
+    // with volumes, a seat's, has neither: copies would share its disks). A seat is handed over.
+    const plain = !(rig.volumes || []).length;
+    replace(this.actions, [
+      rig.phase === "ready" && plain ? h("button", { type: "button", id: "fork-rig", onclick: () => this.fork() }, "Fork") : null,
+      rig.phase === "ready" && plain && rig.surface !== "browser" ? h("button", { type: "button", id: "snapshot-rig", onclick: () => this.snapshot() }, "Snapshot") : null,
+      rig.seat && !this.mine() ? h("button", { type: "button", id: "seat-hand-over", onclick: () => this.seatHand("seat.handOver", "Handed to you") }, "Hand seat to me") : null,
+      rig.seat && this.mine() ? h("button", { type: "button", id: "seat-hand-back", onclick: () => this.seatHand("seat.handBack", "Handed back") }, "Hand seat back") : null]);
     replace(this.state, h("dl.facts", {}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { fact: k.toLowerCase() } }, v)])),
       rig.securityBoundary === false ? h("span.badge.danger", {}, "TCG — not a security boundary") : null);
     this.renderControl();
     if (this.view && this.view.setControl) this.view.setControl(this.mine());
+  }
+
+  async seatHand(method, done) {
+    try {
+      await call(method, { workspace: this.rig.workspace, name: this.rig.seat });
+      announce(this.status, `${done}: seat ${this.rig.seat}.`, "ok");
+      await this.refresh();
+    } catch (e) { announce(this.status, describe(e), "error"); }
   }
 
   async fork() {
