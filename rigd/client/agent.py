@@ -322,7 +322,7 @@ class Agent:
     def __init__(self, model: Model, rpc: Rpc, *, workspace: str = "default",
                  conversation: str | None = None, max_steps: int = DEFAULT_MAX_STEPS,
                  keep_rigs: bool = False, keep_images: int = DEFAULT_KEEP_IMAGES,
-                 out: Callable[[str], None] = print) -> None:
+                 out: Callable[[str], None] = print, seat: str | None = None) -> None:
         if max_steps < 1:
             raise ValueError("max_steps must be at least 1")
         if keep_images < 0:
@@ -331,6 +331,8 @@ class Agent:
         self.rpc = rpc
         self.workspace = workspace
         self.conversation = conversation or default_conversation()
+        #: A named agent's seat (issue 29): the tools drive its lasting rig, held for this run.
+        self.seat = seat
         self.max_steps = max_steps
         self.keep_rigs = keep_rigs
         self.keep_images = keep_images
@@ -446,7 +448,8 @@ class Agent:
         if problem is not None:
             return error_result(problem)
         params = {"workspace": self.workspace, "conversation": self.conversation,
-                  "name": call.name, "arguments": args}
+                  **({"seat": self.seat} if self.seat is not None else {}), "name": call.name,
+                  "arguments": args}
         try:
             reply = await self._rpc("tools.call", params)
         except Exception as exc:  # the RPC's failures are the model's to read
@@ -481,6 +484,14 @@ class Agent:
                     continue
                 closed.append(rig_id)
                 self.out(f"closed {rig_id}")
+            if self.seat is not None:
+                # The seat's rig lasts (it belongs to no conversation); the run lets go of the seat.
+                try:
+                    await self._rpc("seat.release", {"workspace": self.workspace, "name": self.seat,
+                                                     "conversation": self.conversation})
+                    self.out(f"released seat {self.seat}")
+                except Exception as exc:
+                    self.out(f"rigd agent: cannot release seat {self.seat}: {one_line(str(exc))}")
         if self._close_scope.cancelled_caught:
             self.out("rigd agent: gave up closing this run's rigs; see `rigd list`")
         return closed, kept

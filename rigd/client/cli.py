@@ -327,8 +327,11 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     """``rigd mcp``: the agent tools as an MCP server on stdio (stdout is the protocol)."""
     from rigd.errors import FieldError
     from rigd.logs import setup
+    from rigd.rigs.params import SEAT_NAME_RE, SEAT_NAME_RULE
     from rigd.tools import mcp
 
+    if args.seat is not None and not SEAT_NAME_RE.fullmatch(args.seat):
+        raise ClientError(f"--seat: must be {SEAT_NAME_RULE}")
     if args.token_file:
         try:
             args.token = Path(args.token_file).read_text().strip()
@@ -343,7 +346,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             raise ClientError(f"--workspace {exc.reason}") from exc
     setup(args.log_level)  # a StreamHandler on stderr: nothing but MCP goes to stdout
     with contextlib.suppress(KeyboardInterrupt):
-        mcp.run(client.call, workspace, args.conversation or mcp.default_conversation())
+        mcp.run(client.call, workspace, args.conversation or mcp.default_conversation(), args.seat)
     return 0
 
 
@@ -363,13 +366,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     from rigd.client import agent
     from rigd.logs import setup
-    from rigd.rigs.params import ID_RE
+    from rigd.rigs.params import ID_RE, SEAT_NAME_RE, SEAT_NAME_RULE
 
     base = urllib.parse.urlsplit(args.base_url)
     if base.scheme not in ("http", "https") or not base.netloc:
         raise ClientError("--base-url: must be an http(s) URL, e.g. http://127.0.0.1:8000/v1")
     if args.conversation is not None and not ID_RE.match(args.conversation):
         raise ClientError("--conversation: must be 1-128 characters of letters, digits, and _ . : -")
+    if args.seat is not None and not SEAT_NAME_RE.fullmatch(args.seat):
+        raise ClientError(f"--seat: must be {SEAT_NAME_RULE}")
     if not 1 <= args.max_steps <= 1000:
         raise ClientError("--max-steps: must be between 1 and 1000")
     if not 0 <= args.keep_images <= 10:
@@ -389,6 +394,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         agent.open_model(args.base_url, args.model, api_key), client.call,
         workspace=args.workspace, conversation=args.conversation, max_steps=args.max_steps,
         keep_rigs=args.keep, keep_images=args.keep_images, out=lambda line: print(line, flush=True),
+        seat=args.seat,
     )
     try:
         outcome = agent.run(runner, args.task)
@@ -706,6 +712,8 @@ def parser() -> argparse.ArgumentParser:
                                         "workspace named 'default', else their only one)")
     sp.add_argument("--conversation",
                     help="the conversation whose rigs the tools reuse (default: one of this process's own)")
+    sp.add_argument("--seat", help="a named agent's seat: the tools drive its lasting rig (its volume at "
+                                   "/workspace, its browser profile), held by the conversation")
     sp.add_argument("--log-level", default="warning", help="log level on stderr (default warning)")
     sp.set_defaults(fn=cmd_mcp)
 
@@ -721,6 +729,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--workspace", default="default", help="the workspace the tools act in")
     sp.add_argument("--conversation",
                     help="the conversation whose rigs the tools reuse (default: one of this run's own)")
+    sp.add_argument("--seat", help="a named agent's seat: the tools drive its lasting rig, held for the run "
+                                   "and released at its end (the rig stays)")
     sp.add_argument("--max-steps", type=int, default=30,
                     help="stop after this many model replies (default 30; exit status 1)")
     sp.add_argument("--keep-images", type=int, default=2,

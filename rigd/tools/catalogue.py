@@ -11,6 +11,7 @@ computer tools, Gemini's computer-use functions.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -22,7 +23,7 @@ from rigd.model import BUILT_ENGINES, LIMITS, TOOL_ACTION_CLASSES, Display, Surf
 from rigd.rigs.api import RigApi
 from rigd.rigs.guard import Guard, Request, approval_timeout
 from rigd.rigs.manager import Caller
-from rigd.rigs.params import ident, no_extra, obj, string
+from rigd.rigs.params import ident, no_extra, obj, seat_name, string
 from rigd.tools import dialects
 from rigd.tools.dialects import ANTHROPIC_TOOL_TYPES, Call, Dialect, Frame
 from rigd.verbs import ParseContext, TerminalExec, parse_action
@@ -196,6 +197,15 @@ def text_result(text: str, *, error: bool = False, **extra: Any) -> dict[str, An
     return {"content": [{"type": "text", "text": text}], "isError": error, **extra}
 
 
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Whose call: the workspace, the conversation, and the seat whose rig it drives (or None)."""
+
+    workspace: str
+    conversation: str
+    seat: str | None = None
+
+
 class Tools:
     def __init__(self, api: RigApi, guard: Guard | None = None) -> None:
         self.api = api
@@ -234,9 +244,12 @@ class Tools:
         """``{workspace, conversation, name, arguments, dialect?, approvalTimeoutS?}``: the
         workspace's guard rules first (rigd.guard: read-only, ask-first), then the tool."""
         params = obj(raw)
-        no_extra(params, {"workspace", "conversation", "name", "arguments", "dialect", "approvalTimeoutS"})
+        no_extra(params, {"workspace", "conversation", "seat", "name", "arguments", "dialect",
+                          "approvalTimeoutS"})
         workspace = string(params, "workspace", max_len=128)
         conversation = ident(params, "conversation")
+        # A named agent's calls (issue 29): their rig is its seat's, held by this conversation.
+        seat = seat_name(params, "seat") if params.get("seat") is not None else None
         name = string(params, "name", max_len=64)
         timeout_s = approval_timeout(params)
         arguments = params.get("arguments", {})
@@ -257,23 +270,25 @@ class Tools:
             return text_result(f"error: {exc.message}", error=True, error_data=exc.data or None)
         if ticket.refusal is not None:
             return ticket.refusal
-        return ticket.stamp(await self._run(caller, workspace, conversation, name, dialect, args, vendor))
+        where = Where(workspace, conversation, seat)
+        return ticket.stamp(await self._run(caller, where, name, dialect, args, vendor))
 
-    async def _run(self, caller: Caller, workspace: str, conversation: str, name: str, dialect: Dialect,
+    async def _run(self, caller: Caller, where: Where, name: str, dialect: Dialect,
                    args: dict[str, Any], vendor: Call | None) -> dict[str, Any]:
+        workspace = where.workspace
         try:
             if vendor is not None:
-                return await self._vendor(caller, workspace, conversation, vendor)
+                return await self._vendor(caller, where, vendor)
             if name == "rig_list":
                 return await self._rig_list(caller, workspace, args)
             if name == "rig_close":
                 return await self._rig_close(caller, args)
             if name == Tool.TERMINAL_USE:
-                return await self._terminal_use(caller, workspace, conversation, args)
+                return await self._terminal_use(caller, where, args)
             if name == Tool.COMPUTER_USE:
-                return await self._computer_use(caller, workspace, conversation, args)
+                return await self._computer_use(caller, where, args)
             if name == Tool.BROWSER_USE:
-                return await self._browser_use(caller, workspace, conversation, args)
+                return await self._browser_use(caller, where, args)
             raise FieldError("name", f"unknown tool; one of {', '.join(dialects.tool_names(dialect))}")
         except RigdError as exc:
             return text_result(f"error: {exc.message}", error=True, error_data=exc.data or None)
@@ -297,9 +312,23 @@ class Tools:
         rig = await self.api.call("rig.close", caller, {"rigId": args.get("rigId")})
         return text_result(f"Closed {rig['id']}.", rigId=rig["id"])
 
-    async def _terminal_use(
-        self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _seat_rig(self, caller: Caller, where: Where, surface: Surface,
+                        engine: object = None) -> str:
+        """The seat's rig, opened (or woken) for the conversation, which holds the seat from
+        its first call. A terminal tool runs in the seat's machine whatever its surface."""
+        assert where.seat is not None
+        if surface is Surface.TERMINAL:
+            seats = await self.api.call("seat.list", caller, {"workspace": where.workspace})
+            found = next((s for s in seats if s["name"] == where.seat), None)
+            if found is not None:
+                surface, engine = Surface(found["surface"]), found["engine"]
+        rig = await self.api.call("rig.open", caller, {
+            "workspace": where.workspace, "surface": surface.value, "seat": where.seat,
+            "conversation": where.conversation, **({"engine": engine} if engine is not None else {})})
+        return str(rig["id"])
+
+    async def _terminal_use(self, caller: Caller, where: Where, args: dict[str, Any]) -> dict[str, Any]:
+        workspace, conversation = where.workspace, where.conversation
         action = dict(args)
         rig_id = action.pop("rigId", None)
         if rig_id is not None and not isinstance(rig_id, str):
@@ -309,7 +338,9 @@ class Tools:
         if isinstance(parsed, FieldError):
             raise parsed
         assert isinstance(parsed, TerminalExec)
-        if rig_id is None:
+        if rig_id is None and where.seat is not None:
+            rig_id = await self._seat_rig(caller, where, Surface.TERMINAL)
+        elif rig_id is None:
             rig = await self.api.call("rig.open", caller, {"workspace": workspace, "surface": "terminal",
                                                            "conversation": conversation})
             rig_id = rig["id"]
@@ -322,9 +353,12 @@ class Tools:
         )
         return text_result(render_exec(result), rigId=rig_id)
 
-    async def _computer_rig(self, caller: Caller, workspace: str, conversation: str, rig_id: object) -> str:
-        """The rig a computer tool drives: ``rig_id``, else the conversation's computer,
-        else a new one (opened and waited for)."""
+    async def _computer_rig(self, caller: Caller, where: Where, rig_id: object) -> str:
+        """The rig a computer tool drives: ``rig_id``, else the seat's, else the conversation's
+        computer, else a new one (opened and waited for)."""
+        workspace, conversation = where.workspace, where.conversation
+        if rig_id is None and where.seat is not None:
+            return await self._seat_rig(caller, where, Surface.COMPUTER)
         if rig_id is None:
             # The conversation's computer, else a new one (opened and waited for).
             live = [r for r in await self.api.call("rig.list", caller, {"workspace": workspace})
@@ -342,20 +376,20 @@ class Tools:
         await self.rigs.wait_settled(caller, rig_id)
         return rig_id
 
-    async def _computer_use(
-        self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _computer_use(self, caller: Caller, where: Where, args: dict[str, Any]) -> dict[str, Any]:
         action = dict(args)
-        rig_id = await self._computer_rig(caller, workspace, conversation, action.pop("rigId", None))
+        rig_id = await self._computer_rig(caller, where, action.pop("rigId", None))
         result = await self.api.call(
             "rig.act", caller, {"rigId": rig_id, "tool": Tool.COMPUTER_USE.value, "action": action}
         )
         return {**render_computer(str(action.get("action")), result), "rigId": rig_id}
 
-    async def _browser_rig(self, caller: Caller, workspace: str, conversation: str, rig_id: object,
-                           engine: object) -> str:
-        """The rig a browser tool drives: ``rig_id``, else the conversation's browser of
-        ``engine`` (rig.open reuses it), else a new one."""
+    async def _browser_rig(self, caller: Caller, where: Where, rig_id: object, engine: object) -> str:
+        """The rig a browser tool drives: ``rig_id``, else the seat's, else the conversation's
+        browser of ``engine`` (rig.open reuses it), else a new one."""
+        workspace, conversation = where.workspace, where.conversation
+        if rig_id is None and where.seat is not None:
+            return await self._seat_rig(caller, where, Surface.BROWSER, engine)
         if rig_id is None:
             # The conversation's browser of this engine (rig.open reuses it), else a new one.
             rig = await self.api.call("rig.open", caller, {
@@ -370,24 +404,21 @@ class Tools:
         await self.rigs.wait_settled(caller, rig_id)
         return rig_id
 
-    async def _browser_use(
-        self, caller: Caller, workspace: str, conversation: str, args: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _browser_use(self, caller: Caller, where: Where, args: dict[str, Any]) -> dict[str, Any]:
         action = dict(args)
-        rig_id = await self._browser_rig(caller, workspace, conversation, action.pop("rigId", None),
-                                         action.pop("engine", None))
+        rig_id = await self._browser_rig(caller, where, action.pop("rigId", None), action.pop("engine", None))
         result = await self.api.call(
             "rig.act", caller, {"rigId": rig_id, "tool": Tool.BROWSER_USE.value, "action": action}
         )
         return {**render_browser(str(action.get("action")), result), "rigId": rig_id}
 
-    async def _vendor(self, caller: Caller, workspace: str, conversation: str, call: Call) -> dict[str, Any]:
+    async def _vendor(self, caller: Caller, where: Where, call: Call) -> dict[str, Any]:
         """A vendor's computer call: its rig, the rig's frame, the planned rigd actions
         (all checked before the first runs), then the last result in the vendor's frame."""
         if call.tool is Tool.BROWSER_USE:
-            rig_id = await self._browser_rig(caller, workspace, conversation, call.rig_id, None)
+            rig_id = await self._browser_rig(caller, where, call.rig_id, None)
         else:
-            rig_id = await self._computer_rig(caller, workspace, conversation, call.rig_id)
+            rig_id = await self._computer_rig(caller, where, call.rig_id)
         rig = await self.api.call("rig.get", caller, {"rigId": rig_id})
         if rig.get("surface") != call.surface.value:
             raise FieldError("arguments.rigId", f"{rig_id} is a {rig.get('surface')} rig; the {call.dialect} "

@@ -52,7 +52,7 @@ from mcp.shared.exceptions import MCPError
 from rigd import __version__
 from rigd.auth import bearer
 from rigd.errors import FieldError, Forbidden, Unauthorized
-from rigd.rigs.params import ID_RE
+from rigd.rigs.params import ID_RE, SEAT_NAME_RE, SEAT_NAME_RULE
 from rigd.tools import listing
 from rigd.tools.listing import ReplyError, ToolDef, check_arguments
 from rigd.tools.listing import as_dict as _dict
@@ -166,10 +166,12 @@ class Bridge:
     """MCP ``tools/list`` and ``tools/call`` over rigd's ``tools.list`` and ``tools.call``,
     for one workspace and conversation."""
 
-    def __init__(self, rpc: AsyncRpc, workspace: str, conversation: str) -> None:
+    def __init__(self, rpc: AsyncRpc, workspace: str, conversation: str, seat: str | None = None) -> None:
         self.rpc = rpc
         self.workspace = workspace
         self.conversation = conversation
+        #: A named agent's seat (issue 29): the tools drive its lasting rig, held by the conversation.
+        self.seat = seat
         self._tools: dict[str, ToolDef] | None = None
 
     async def fetch_tools(self) -> dict[str, ToolDef]:
@@ -206,7 +208,7 @@ class Bridge:
         if problem is not None:
             return error_result(problem)
         params = {"workspace": self.workspace, "conversation": self.conversation,
-                  "name": name, "arguments": args}
+                  **({"seat": self.seat} if self.seat is not None else {}), "name": name, "arguments": args}
         try:
             reply = await self.rpc("tools.call", params)
         except Exception as exc:  # the RPC's failures are the model's to read, never a crash
@@ -274,10 +276,11 @@ async def serve_stdio(bridge: Bridge) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-def run(rpc: Rpc, workspace: str, conversation: str) -> None:
+def run(rpc: Rpc, workspace: str, conversation: str, seat: str | None = None) -> None:
     """Serve MCP on this process's stdio until the client closes it."""
-    bridge = Bridge(threaded(rpc), workspace, conversation)
-    log.info("serving MCP on stdio", extra={"workspace": workspace, "conversation": conversation})
+    bridge = Bridge(threaded(rpc), workspace, conversation, seat)
+    log.info("serving MCP on stdio", extra={"workspace": workspace, "conversation": conversation,
+                                            "seat": seat})
     anyio.run(serve_stdio, bridge, backend="trio")
 
 
@@ -287,6 +290,8 @@ def run(rpc: Rpc, workspace: str, conversation: str) -> None:
 #: same name without the prefix, ``?workspace=…&conversation=…``, does as well).
 WORKSPACE_HEADER = "X-Rigd-Workspace"
 CONVERSATION_HEADER = "X-Rigd-Conversation"
+#: A named agent's seat (``?seat=`` as well): the tools drive the seat's lasting rig.
+SEAT_HEADER = "X-Rigd-Seat"
 #: The ASGI scope key under which the endpoint hands the request's target to the MCP server.
 SCOPE_KEY = "rigd.mcp"
 #: Largest ``/mcp`` body, as for ``/rpc``.
@@ -336,6 +341,7 @@ class Target:
     rpc: AsyncRpc
     workspace: str
     conversation: str
+    seat: str | None = None
 
 
 def target_of(ctx: ServerRequestContext[Any]) -> Target:
@@ -353,7 +359,7 @@ def build_http_server() -> Server[Any]:
 
     def bridge_for(ctx: ServerRequestContext[Any]) -> Bridge:
         target = target_of(ctx)
-        return Bridge(target.rpc, target.workspace, target.conversation)
+        return Bridge(target.rpc, target.workspace, target.conversation, target.seat)
 
     return _server(bridge_for, _instructions(f"the workspace named by {WORKSPACE_HEADER} (else the "
                                              "token user's default)"))
@@ -405,6 +411,17 @@ def workspace_of(scope: ASGIScope, query: dict[str, list[str]]) -> str | None:
     field, value = named
     if not value or len(value) > 128 or not value.isprintable():
         raise Refused(400, FieldError(field, "must be 1-128 printable characters").to_json())
+    return value
+
+
+def seat_of(scope: ASGIScope, query: dict[str, list[str]]) -> str | None:
+    """The seat the request names (header, else ``?seat=``); None when it names none."""
+    named = _named(scope, query, SEAT_HEADER, "seat")
+    if named is None:
+        return None
+    field, value = named
+    if not SEAT_NAME_RE.fullmatch(value):
+        raise Refused(400, FieldError(field, f"must be {SEAT_NAME_RULE}").to_json())
     return value
 
 
@@ -514,7 +531,7 @@ class HttpEndpoint:
         else:
             _WHERE.set(f"workspace {workspace!r}")
         conversation = conversation_of(scope, query, caller.actor_id, workspace)
-        target = Target(self.rpc_for(caller), workspace, conversation)
+        target = Target(self.rpc_for(caller), workspace, conversation, seat_of(scope, query))
         # The SDK binds a legacy session to the identity that opened it: another token's
         # request naming its id answers 404. Only the user id is kept, never the token.
         user = AuthenticatedUser(AccessToken(token="", client_id=caller.actor_id, scopes=[]))

@@ -106,6 +106,8 @@ class FakeRigd:
                 raise ClientError(f"no rig {params['rigId']!r}")
             rig["phase"] = "closed"
             return rig
+        if method == "seat.release":
+            return {"name": params["name"], "holder": None}
         if method == "tools.call":
             if self.tool_reply is not None:
                 return self.tool_reply(params)
@@ -260,6 +262,20 @@ async def test_it_closes_the_rigs_its_conversation_opened_and_nothing_else() -> 
     assert lines[-1] == "closed rig_computer3"
     # rig.list of this workspace before and after the run.
     assert rigd.methods("rig.list") == [{"workspace": "ws-1"}, {"workspace": "ws-1"}]
+
+
+async def test_a_seated_run_sends_its_seat_and_lets_go_of_it_at_the_end() -> None:
+    """--seat: every tool call names the seat; the seat's rig lasts (no conversation owns it, so
+    the run closes nothing of it) and the run releases the seat for the next conversation."""
+    model = FakeModel([Reply(None, (call("terminal_use", {"action": "exec", "command": "ls /workspace"}),)),
+                       Reply("done")])
+    rigd, lines = FakeRigd(), []
+    rigd.tool_reply = lambda params: text_result("exit code: 0", rigId="rig_seat")
+    outcome = await agent(model, rigd, lines, seat="ada").run("t")
+    assert outcome.stop is Stop.ANSWER and outcome.closed == []
+    assert [p["seat"] for p in rigd.methods("tools.call")] == ["ada"]
+    assert rigd.methods("seat.release") == [{"workspace": "ws-1", "name": "ada", "conversation": "conv-1"}]
+    assert lines[-1] == "released seat ada"
 
 
 async def test_keep_leaves_them_open_and_says_so() -> None:

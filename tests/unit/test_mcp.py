@@ -180,6 +180,12 @@ async def test_a_call_is_forwarded_for_the_command_lines_workspace_and_conversat
     assert result.is_error is False and "mcp-42" in result.content[0].text  # type: ignore[union-attr]
 
 
+async def test_a_seated_bridge_names_its_seat_in_every_call() -> None:
+    rpc = FakeRpc({"tools.call": text_result("exit code: 0", rigId="rig_s")})
+    await Bridge(threaded(rpc), "ws-1", "conv-1", "ada").call_tool("terminal_use", {"action": "exec", "command": "ls"})
+    assert [c["seat"] for c in rpc.tool_calls()] == ["ada"]
+
+
 async def test_rpc_failures_and_malformed_replies_are_readable_errors() -> None:
     rpc = FakeRpc({"tools.call": ClientError("cannot reach rigd at http://127.0.0.1:1: refused")})
     down = await bridge(rpc).call_tool("rig_list", {})

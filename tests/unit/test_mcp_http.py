@@ -24,6 +24,7 @@ from rigd.tools.mcp import (
     CONVERSATION_HEADER,
     MAX_BODY,
     META_RIG_ID,
+    SEAT_HEADER,
     WORKSPACE_HEADER,
     HttpEndpoint,
     RpcError,
@@ -217,6 +218,14 @@ async def test_an_ambiguous_default_workspace_is_refused_naming_the_header(
         assert r.json()["error"]["data"]["field"] == WORKSPACE_HEADER and words in r.json()["error"]["message"]
 
 
+async def test_a_seat_header_reaches_every_tool_call() -> None:
+    fake = FakeDispatcher({"tools.call": lambda p: text_result("exit code: 0", rigId="rig_s")})
+    async with endpoint(fake) as ep, mcp_client(ep, **{WORKSPACE_HEADER: "ws-1", CONVERSATION_HEADER: "conv-1",
+                                                      SEAT_HEADER: "ada"}) as client:
+        await client.call_tool("terminal_use", {"action": "exec", "command": "ls"})
+    assert [p.get("seat") for _, p in fake.tool_calls()] == ["ada"]
+
+
 async def test_bad_workspace_and_conversation_names_are_refused_naming_them() -> None:
     async with endpoint(FakeDispatcher()) as ep, http(ep) as c:
         r = await c.post("/mcp?workspace=a&workspace=b", json=INIT, headers=ACCEPT)
@@ -224,6 +233,8 @@ async def test_bad_workspace_and_conversation_names_are_refused_naming_them() ->
         r = await c.post("/mcp", json=INIT, headers={**ACCEPT, CONVERSATION_HEADER: "no spaces please",
                                                      WORKSPACE_HEADER: "default"})
         assert r.status_code == 400 and r.json()["error"]["data"]["field"] == CONVERSATION_HEADER
+        r = await c.post("/mcp?workspace=default&seat=a.b", json=INIT, headers=ACCEPT)
+        assert r.status_code == 400 and r.json()["error"]["data"]["field"] == "seat"
         r = await c.post("/mcp?workspace=default", json=INIT, headers=ACCEPT)
         assert r.status_code == 200 and r.json()["result"]["serverInfo"]["name"] == "rigd"
         assert "workspace 'default'" in r.json()["result"]["instructions"]

@@ -199,3 +199,34 @@ async def test_bad_seat_calls_are_field_errors(world: World, method: str, params
         await seat_call(world, method, **params)
     assert exc.value.field == field
     assert len(world.terminal.machines) == 1
+
+
+async def test_a_named_agents_tool_calls_drive_its_seat_and_hold_it(world: World) -> None:
+    """tools.call {seat}: the first call opens the seat's rig and holds the seat for its
+    conversation; another conversation's call is refused naming the holder; terminal_use runs
+    in a computer seat's own machine."""
+    from rigd.tools.catalogue import Tools
+
+    tools = Tools(world.api)
+    exec_hi = {"action": "exec", "argv": ["echo", "hi"]}
+
+    async def call(conversation: str, seat: str, name: str = "terminal_use") -> dict[str, Any]:
+        with trio.fail_after(10):
+            return await tools.call(world.agent, {"workspace": "default", "conversation": conversation,
+                                                  "seat": seat, "name": name, "arguments": exec_hi})
+
+    first = await call("c1", "ada")
+    assert first["isError"] is False, first
+    held = (await seats(world))["ada"]
+    assert held["rigId"] == first["rigId"] and held["holder"]["conversation"] == "c1"
+    assert (await call("c1", "ada"))["rigId"] == first["rigId"]
+    refused = await call("c2", "ada")
+    assert refused["isError"] is True and "held by conversation 'c1'" in refused["content"][0]["text"]
+    # A computer seat (made by its first open): a terminal tool runs in its desktop.
+    desk = await seat_open(world, "desk", surface="computer", conversation="c3")
+    assert (await call("c3", "desk"))["rigId"] == desk["id"]
+    assert [m.spec.surface for m in world.computer.machines] == [Surface.COMPUTER]
+    with pytest.raises(FieldError) as bad:
+        await tools.call(world.agent, {"workspace": "default", "conversation": "c1", "seat": "a/b",
+                                       "name": "terminal_use", "arguments": exec_hi})
+    assert bad.value.field == "seat"
