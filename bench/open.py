@@ -15,6 +15,9 @@ directory; per shape (``--shapes``, default ``terminal,browser:chromium``):
     again) and the **resident MB** a pooled rig costs (``memoryInUseMb`` before and after).
 (4) **The CLI**: ``rigd list`` wall time against ``curl`` doing the same RPC, median of
     ``--cli-rounds``. Goal: ≤ 150 ms more than curl.
+(5) **At rest**: the % of a host core a warm rig's QEMU uses in the 20 s after its first
+    still, against a terminal rig's (no engine) in the same run: an engine's start-up work
+    that outlives "ready" (Chromium's preloaded omnibox WebUI: ~100% for ~25 s) shows here.
 
 The screenshot verb against QMP ``screendump`` + PNG (issue 28, item 3) is ``bench/computer.py``
 (1) and (3): it needs the machine's QMP socket, which a server owns alone.
@@ -41,6 +44,15 @@ from _common import REPO, Server, add_server_args, clean_up, fmt_s, med, scratch
 GOAL_POOL_S = 1.5
 GOAL_RATIO = 20.0
 GOAL_CLI_MS = 150.0
+#: How long a rig is watched at rest after its first still (an engine's start-up work that
+#: outlives "ready" shows here: Chromium's preloaded omnibox WebUI kept a core busy ~25 s).
+IDLE_S = 20.0
+
+
+def qemu_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -51,6 +63,8 @@ class Shape:
     pool: list[float] = field(default_factory=list)
     refill: list[float] = field(default_factory=list)
     resident_mb: list[float] = field(default_factory=list)
+    #: % of a host core the rig's QEMU used in the IDLE_S after its first still (nothing asked).
+    rest_cpu: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -105,6 +119,11 @@ def measure(srv: Server, shape: Shape, args: argparse.Namespace) -> None:
         took, rig = open_and_look(srv, shape, f"bench-{shape.key}-{i}")
         (shape.warm if rig.get("boot") == "warm" else shape.cold).append(took)
         print(f"  {shape.key}: open #{i + 1} ({rig.get('boot')}) → first still {took:.2f} s", flush=True)
+        pid = srv.client.call("rig.get", {"rigId": rig["id"]}).get("pid")
+        if i == 1 and pid:  # (5): at rest, once, on a warm rig
+            before_cpu = qemu_cpu_s(pid)
+            time.sleep(IDLE_S)
+            shape.rest_cpu.append(100 * (qemu_cpu_s(pid) - before_cpu) / IDLE_S)
         srv.client.call("rig.close", {"rigId": rig["id"]})
         if i == 0:  # let the snapshot build alone (it is built after the first cold boot)
             wait_snapshot_quiet(srv, args.boot_timeout)
@@ -185,6 +204,9 @@ def run(args: argparse.Namespace, root: Path) -> int:
               f"(3) pool hit {fmt_s(pool)}: {ratio:.0f}x faster than cold (goal ≤ {GOAL_POOL_S} s and "
               f"≥ {GOAL_RATIO:.0f}x: {met}); refill {fmt_s(med(s.refill))}; "
               f"{med(s.resident_mb):.0f} MB resident per pooled rig")
+        base = next((med(t.rest_cpu) for t in shapes if t.key == "terminal" and t.rest_cpu), float("nan"))
+        print(f"      (5) at rest {IDLE_S:.0f} s after its first still: {med(s.rest_cpu):.0f}% of a core "
+              f"(a terminal rig, no engine: {base:.0f}%)")
         for note in s.notes:
             print(f"      note: {note}")
     extra = (cli - curl) * 1000

@@ -61,6 +61,12 @@ CHROMIUM_QUIET_FEATURES = (
     "NetworkTimeServiceQuerying",
     "InterestFeedContentSuggestions",
     "PrivacySandboxSettings4",
+    # Not network, but CPU at rest: the omnibox's WebUI popups (two renderers a headless engine
+    # never shows), preloaded at start, kept a TCG guest's core busy ~25 s past "ready" (and the
+    # engine's start ~10 s longer); measured in bench/open.py's idle line.
+    "PreloadTopChromeWebUI",
+    "WebUIOmniboxPopup",
+    "WebUIOmniboxAimPopup",
 )
 
 #: The fresh profile's ``Default/Preferences`` (issue 28, item 5): what only a preference turns

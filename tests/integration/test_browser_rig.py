@@ -466,6 +466,10 @@ def test_the_engine_is_quiet_at_rest(browser: World) -> None:
     component updates, safe browsing, translate, media-router discovery) looked nothing up,
     so the audit log shows what the page and the agent did."""
     srv, rig, _world = browser
+    # Nor does it run UI nobody sees: no top-chrome WebUI (the omnibox popups a headless engine
+    # preloaded kept the guest's CPU busy for ~25 s after every start).
+    targets = sh(srv, rig, "/.rigd/bin/busybox wget -qO- http://127.0.0.1:9223/json/list")
+    assert "top-chrome" not in targets and '"type": "page"' in targets, targets
     refusals = gateway_refusals(srv, rig)
     # Before: accounts.google.com x30, update.googleapis.com x18, google.com, and more. What is
     # left is one CDN name (redirector.gvt1.com, a few lookups: its trigger is not found yet —
