@@ -18,9 +18,13 @@ For each N of ``--counts`` (default 1,4,8), on terminal rigs of one shape:
     cookies, storage and tabs; never a copy of the running engine) against a warm (standby)
     open of the same engine, each until its first screenshot.
 
-Volume throughput against a rig's own disk (issue 29's volumes) is not measured yet: it is
-this bench's next line. Every process started here is killed by pid on the way out (the servers
-close their rigs; anything left is killed by the reaper).
+(7) **Volume throughput**: a rig with a volume at ``/workspace`` writes ``--volume-mib`` MiB
+    (``dd``, fsync'd) and reads them back (page cache dropped) on the volume and on its own
+    disk (``/root``), each timed by the exec's own ``durationMs``: the volume's MiB/s against
+    the rig's disk's, the peer.
+
+Every process started here is killed by pid on the way out (the servers close their rigs;
+anything left is killed by the reaper).
 """
 
 from __future__ import annotations
@@ -109,6 +113,34 @@ def browser_row(srv: Server, engine: str, rows: list[dict[str, float]]) -> None:
     print(f"  {engine}: fork {fmt_s(forked)}, standby open {fmt_s(opened)}", flush=True)
 
 
+def timed_ms(srv: Server, rig_id: str, command: str) -> float:
+    out = srv.client.call("rig.act", {"rigId": rig_id, "tool": "terminal_use",
+                                      "action": {"action": "exec", "command": command, "timeoutS": 300}})
+    if out["exitCode"] != 0:
+        raise RuntimeError(f"{command!r} exited {out['exitCode']}: {out['stderr'].get('text', '')[-300:]}")
+    return float(out["durationMs"])
+
+
+def volume_row(srv: Server, mib: int, rows: list[dict[str, float]]) -> None:
+    """(7): dd through the volume and through the rig's own disk, in one rig."""
+    srv.client.call("volume.create", {"workspace": "default", "name": "bench-vol",
+                                      "sizeMb": max(64, 2 * mib)})
+    rig = open_ready(srv, {"volumes": [{"name": "bench-vol", "path": "/workspace"}]})
+    row: dict[str, float] = {"volume": 1}
+    try:
+        for where, path in (("vol", "/workspace/bench"), ("disk", "/root/bench")):
+            write = timed_ms(srv, rig["id"],
+                             f"dd if=/dev/zero of={path} bs=1M count={mib} conv=fsync 2>/dev/null")
+            read = timed_ms(srv, rig["id"], f"sync; echo 3 > /proc/sys/vm/drop_caches; "
+                                            f"dd if={path} of=/dev/null bs=1M 2>/dev/null; rm -f {path}")
+            row[f"{where}_write"] = mib / (write / 1000)
+            row[f"{where}_read"] = mib / (read / 1000)
+    finally:
+        close_all(srv, [rig])
+        srv.client.call("volume.rm", {"workspace": "default", "name": "bench-vol"})
+    rows.append(row)
+
+
 def run(args: argparse.Namespace, root: Path) -> int:
     counts = [int(c) for c in args.counts.split(",")]
     params = {"memoryMb": args.memory_mb, "vcpus": 1}
@@ -153,6 +185,8 @@ def run(args: argparse.Namespace, root: Path) -> int:
         close_all(warm, [parent])
         if args.browser:
             browser_row(warm, args.browser, rows)
+        if args.volume_mib:
+            volume_row(warm, args.volume_mib, rows)
         rc = 0
     finally:
         rc = clean_up(cold, rc, server_log=cold_dir / "bench-server.log", data_dir=cold_dir, keep=True,
@@ -166,6 +200,12 @@ def run(args: argparse.Namespace, root: Path) -> int:
             print(f"  (6) {args.browser}: a fork (fresh engine, seeded) {fmt_s(r['fork'])} vs a standby open "
                   f"{fmt_s(r['warm'])} ({r['fork'] / r['warm']:.2f}x)")
             continue
+        if "volume" in r:
+            vw, dw, vr, dr = r["vol_write"], r["disk_write"], r["vol_read"], r["disk_read"]
+            print(f"  (7) volume at /workspace vs the rig's disk, {args.volume_mib} MiB: write "
+                  f"{vw:.0f} vs {dw:.0f} MiB/s ({vw / dw:.2f}x), "
+                  f"read {vr:.0f} vs {dr:.0f} MiB/s ({vr / dr:.2f}x)")
+            continue
         n = f"{r['n']:.0f}"
         print(f"  N={n}: (1) fork {fmt_s(r['fork'])}   (2) {n} warm opens {fmt_s(r['warm'])} "
               f"({r['warm'] / r['fork']:.1f}x the fork)   (3) {n} cold boots {fmt_s(r['cold'])} "
@@ -173,7 +213,6 @@ def run(args: argparse.Namespace, root: Path) -> int:
         print(f"        (4) parent paused {r['pause_ms']:.0f} ms ({r['ram_mib']:.0f} MiB of RAM sent)   "
               f"(5) {r['copy_mb']:.0f} MB resident per copy vs {r['warm_mb']:.0f} MB per warm rig "
               f"({r['copy_mb'] / r['warm_mb'] if r['warm_mb'] else float('nan'):.2f}x)")
-    print("  volumes vs the rig's disk: not measured yet (the next lines of this bench)")
     load = os.getloadavg()
     print(f"  host: {os.cpu_count()} CPUs, load {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")
     return rc
@@ -186,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--browser", default="", help="also fork a browser rig of this engine (chromium, firefox, "
                    "webkit) against a standby open")
     p.add_argument("--settle", type=float, default=3.0, help="seconds before reading resident memory")
+    p.add_argument("--volume-mib", type=int, default=64, help="MiB written and read for (7); 0 skips it")
     add_server_args(p)
     args = p.parse_args(argv)
     return run(args, scratch_root("fork"))
