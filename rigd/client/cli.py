@@ -323,15 +323,21 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_seat(seat: str | None) -> None:
+    """``--seat`` of ``rigd mcp`` and ``rigd agent``: a seat name, or a ClientError saying why."""
+    from rigd.rigs.params import SEAT_NAME_RE, SEAT_NAME_RULE
+
+    if seat is not None and not SEAT_NAME_RE.fullmatch(seat):
+        raise ClientError(f"--seat: must be {SEAT_NAME_RULE}")
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     """``rigd mcp``: the agent tools as an MCP server on stdio (stdout is the protocol)."""
     from rigd.errors import FieldError
     from rigd.logs import setup
-    from rigd.rigs.params import SEAT_NAME_RE, SEAT_NAME_RULE
     from rigd.tools import mcp
 
-    if args.seat is not None and not SEAT_NAME_RE.fullmatch(args.seat):
-        raise ClientError(f"--seat: must be {SEAT_NAME_RULE}")
+    check_seat(args.seat)
     if args.token_file:
         try:
             args.token = Path(args.token_file).read_text().strip()
@@ -366,15 +372,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     from rigd.client import agent
     from rigd.logs import setup
-    from rigd.rigs.params import ID_RE, SEAT_NAME_RE, SEAT_NAME_RULE
+    from rigd.rigs.params import ID_RE
 
     base = urllib.parse.urlsplit(args.base_url)
     if base.scheme not in ("http", "https") or not base.netloc:
         raise ClientError("--base-url: must be an http(s) URL, e.g. http://127.0.0.1:8000/v1")
     if args.conversation is not None and not ID_RE.match(args.conversation):
         raise ClientError("--conversation: must be 1-128 characters of letters, digits, and _ . : -")
-    if args.seat is not None and not SEAT_NAME_RE.fullmatch(args.seat):
-        raise ClientError(f"--seat: must be {SEAT_NAME_RULE}")
+    check_seat(args.seat)
     if not 1 <= args.max_steps <= 1000:
         raise ClientError("--max-steps: must be between 1 and 1000")
     if not 0 <= args.keep_images <= 10:

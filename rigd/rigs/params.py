@@ -187,6 +187,11 @@ def volume_path_problem(path: object) -> str | None:
     return None
 
 
+def paths_overlap(a: str, b: str) -> bool:
+    """Whether two mount points are the same, or one is inside the other."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
 def parse_volumes(raw: object) -> tuple[VolumeRequest, ...]:
     if not isinstance(raw, list) or len(raw) > MAX_VOLUMES:
         raise FieldError("volumes", f"must be a list of at most {MAX_VOLUMES} {{name, path, readOnly}}")
@@ -209,7 +214,7 @@ def parse_volumes(raw: object) -> tuple[VolumeRequest, ...]:
         for j, other in enumerate(out):
             if other.name == name:
                 raise FieldError(f"{at}.name", f"is volumes[{j}] already; attach a volume once")
-            if path == other.path or path.startswith(other.path + "/") or other.path.startswith(path + "/"):
+            if paths_overlap(path, other.path):
                 raise FieldError(f"{at}.path", f"overlaps volumes[{j}].path ({other.path})")
         out.append(VolumeRequest(name, path, read_only))
     return tuple(out)
@@ -331,8 +336,7 @@ def parse_open(raw: object, built: frozenset[Surface] = BUILT_SURFACES) -> OpenP
             raise FieldError("profile", f"a seat's browser keeps the seat's own profile ({seat!r}); "
                                         "open without a profile")
         for i, v in enumerate(volumes):
-            if v.path == SEAT_PATH or v.path.startswith(SEAT_PATH + "/") \
-                    or SEAT_PATH.startswith(v.path + "/"):
+            if paths_overlap(v.path, SEAT_PATH):
                 raise FieldError(f"volumes[{i}].path", f"overlaps {SEAT_PATH}, where the seat's own "
                                                        "volume is mounted")
     return OpenParams(

@@ -160,6 +160,13 @@ class Seats:
         db = await self.rigs.stores.workspace(ws_id)
         return [self.seat_json(ws_id, s) for s in await self.rigs.stores.run(db.list_seats)]
 
+    async def kind_of(self, caller: Caller, workspace: str, name: str) -> tuple[Surface, str | None] | None:
+        """The surface and engine of a seat (one row), or None before its first open."""
+        ws_id = await self.rigs.workspace_for(caller, workspace)
+        db = await self.rigs.stores.workspace(ws_id)
+        seat = await self.rigs.stores.run(db.get_seat, name)
+        return None if seat is None else (Surface(seat.surface), seat.engine)
+
     async def _resolve(self, caller: Caller, params: SeatParams) -> tuple[str, WorkspaceDB]:
         ws_id = await self.rigs.workspace_for(caller, params.workspace)
         return ws_id, await self.rigs.stores.workspace(ws_id)

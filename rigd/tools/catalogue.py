@@ -318,10 +318,9 @@ class Tools:
         its first call. A terminal tool runs in the seat's machine whatever its surface."""
         assert where.seat is not None
         if surface is Surface.TERMINAL:
-            seats = await self.api.call("seat.list", caller, {"workspace": where.workspace})
-            found = next((s for s in seats if s["name"] == where.seat), None)
+            found = await self.api.seats.kind_of(caller, where.workspace, where.seat)
             if found is not None:
-                surface, engine = Surface(found["surface"]), found["engine"]
+                surface, engine = found
         rig = await self.api.call("rig.open", caller, {
             "workspace": where.workspace, "surface": surface.value, "seat": where.seat,
             "conversation": where.conversation, **({"engine": engine} if engine is not None else {})})
