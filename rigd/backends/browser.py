@@ -19,8 +19,14 @@ guest's own Xvfb display) over WebDriver classic
 (:class:`rigd.browser.webdriver.WebDriverConnection`, one keep-alive HTTP/1.1
 connection). Every way one socat relay in the guest (9222 → 9223) and the rig's own
 virtio-serial port are the only path in; the engine's page driver
-(:class:`rigd.browser.page.PageDriver`) does the verbs. Warm starts are off
-for browser rigs until a snapshot with a running engine is measured.
+(:class:`rigd.browser.page.PageDriver`) does the verbs. A browser rig's warm start
+restores a standby point taken at the agent's hello, before any engine runs (a running
+engine is never cloned: docs/decisions.md), and starts an engine of its own.
+
+Why one module of this size: :class:`BrowserDriver` is the one place a browser rig's
+machine, engine process and page driver meet (start, readiness, the engine's death, the
+live view's frames, drops, profiles put back); the recipe and the images beside it are
+small, and the engines' own differences live in :mod:`rigd.browser`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ maps each parsed action to CDP commands:
 
 Every reply is read into typed values at the edge (:class:`rigd.protocols.cdp.Fields`);
 the page is hostile and so is the browser that renders it.
+Why one module of this size: CDP is the widest of the three transports (isolated worlds,
+the screencast, real drop events, dialogs answered by a task of its own); the verbs every
+engine shares are :class:`rigd.browser.driver.PageVerbs`, written once.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ HTTP status of a document, no console before rigd's hook is in a document
 (output logged while it loads is missed), a DOM-derived ``a11y`` extract,
 viewport-only screenshots, and wheel input that WebKitGTK's WebDriver drops
 (``scroll`` moves the scrollable box under the point by script, and says so).
+Why one module of this size: what WebKit needs that no other engine does (page scripts
+over ``execute/async``, stitched full-page stills, cookies in WebDriver's shape, one code
+point per key action, the X display's stills) is WebKit's alone; the verbs every engine
+shares are :class:`rigd.browser.driver.PageVerbs`, written once.
 """
 
 from __future__ import annotations

@@ -40,6 +40,9 @@ followed anywhere.
 
 Every body is capped: manifests and tokens at 4 MiB, a blob at its
 descriptor's size (a registry that sends more is cut off and refused).
+Why one module of this size: the distribution spec's client is one protocol (reference
+grammar, the auth challenge and its token cache, redirects that drop credentials, pinned
+digests) whose parts check each other; the blobs and the OCI layout are their own modules.
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ take a control lease; while it holds, state-changing verbs from anyone else
 are refused and observation verbs still run. Each rig has a ``state_lock``
 that orders parking, waking and the start of an action, so a rig is never
 parked under a running command.
+Why one module of this size: :class:`RigManager` is the one owner of the live rig table,
+the admission lock (memory budget and eviction) and each rig's ``state_lock``; every flow
+here (open, fork, open from a snapshot, a volume's attachments, park, wake, close, the
+reaper) takes those locks in one order, and splitting the flows across modules would have
+each reach back into the others' locks. What needs no lock is elsewhere: the pure plans
+(:mod:`rigd.rigs.scheduler`, :mod:`rigd.rigs.lifecycle`), the stores
+(:mod:`rigd.rigs.volumes`, :mod:`rigd.rigs.snapshots`), pools and seats.
 """
 
 from __future__ import annotations
