@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from PIL import Image
 
+from rigd.backends import desktop_marks
 from rigd.backends.base import Frame, MachineSpec
 from rigd.backends.confine import UidPool
 from rigd.backends.desktop_argv import desktop_argv
@@ -77,6 +78,7 @@ from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
 from rigd.frames import Changes, Lane, Still, encode_still
 from rigd.framing import untrusted_bytes
 from rigd.images.importer import ImportedImage
+from rigd.marks import MARKS_MAX, Located, MarkBook, acted, annotate, located, parse_marks
 from rigd.model import AGENT_STILL_MAX, BACKEND_OF, DESKTOP_SESSION_USER, Accel, Backend, Display, Surface
 from rigd.protocols import input as qin
 from rigd.protocols.guest import PROTO_DESKTOP, DamageNotice, Stream
@@ -258,6 +260,10 @@ class DesktopDriver:
         #: The live view's lane, measured at the first live frames of this machine.
         self.live_lane: Lane | None = None
         self._lane_lock = trio.Lock()
+        #: The ids drawn on the agent's marked stills, and each one's widget (its path in the
+        #: accessibility tree, its role and name as the guest gave them).
+        self.marks = MarkBook()
+        self._mark_widgets: dict[int, tuple[list[int], str, str]] = {}
         #: Verb -> handler: the dispatch table (a test proves it covers every computer_use verb).
         self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             "screenshot": self._do_screenshot, "cursor_position": self._do_cursor_position,
@@ -607,7 +613,47 @@ class DesktopDriver:
             raise FieldError("action.action", f"a computer rig does not answer {action.verb}")
         return await handler(action)
 
-    async def _do_screenshot(self, _a: cv.ComputerScreenshot) -> dict[str, Any]:
+    async def _do_screenshot(self, a: cv.ComputerScreenshot) -> dict[str, Any]:
+        if not a.marks:
+            return await self._plain_screenshot()
+        display = Display(*self.display)
+        items, covered, truncated = await desktop_marks.find(self._run_as_session, SESSION_USER, display)
+        # A name the guest sends back must be compared as it was given: a widget with an
+        # unbounded name is left out rather than cut.
+        items = [i for i in items if isinstance(i.get("name"), str) and len(i["name"]) <= 1000
+                 and isinstance(i.get("role"), str) and len(i["role"]) <= 64]
+        _generation, first = self.marks.begin()
+        marks, more = parse_marks({"items": items}, first_id=first, display=display)
+        self.marks.issued(marks, min(len(items), MARKS_MAX))
+        self._mark_widgets = {first + n: (i["path"], i["role"], i["name"])
+                              for n, i in enumerate(items[:MARKS_MAX])}
+        out = await annotate(await self._plain_screenshot(), marks, more)
+        notes = ["marks come from the accessibility tree (AT-SPI): windows that expose none (X "
+                 "programs without a toolkit, canvases) take coordinates"]
+        if covered:
+            notes.append(f"{covered} widgets under another window were not marked")
+        if truncated:
+            notes.append("the tree was too large to walk in time; some widgets may be missing")
+        out["note"] = "; ".join([out["note"], *notes])
+        return out
+
+    async def _run_as_session(self, argv: list[str], timeout_s: float) -> tuple[int | None, bytes]:
+        result = await self.m.exec(argv, cwd=f"/home/{SESSION_USER}", env=None, stdin=None,
+                                   timeout_s=timeout_s, max_output=desktop_marks.OUTPUT_MAX)
+        return result.exit_code, result.stdout
+
+    async def _mark_point(self, mark: int, *, wait_enabled: bool) -> tuple[tuple[int, int], float]:
+        """Where mark ``mark``'s widget is now, and how long it was waited for to enable."""
+        known = self.marks.live(mark)
+        path, role, name = self._mark_widgets[mark]
+
+        async def locate() -> Located:
+            return await desktop_marks.target(self._run_as_session, SESSION_USER, path, role, name,
+                                              Display(*self.display))
+
+        return await located(mark, known, locate, wait_enabled=wait_enabled, poll_s=0.5)
+
+    async def _plain_screenshot(self) -> dict[str, Any]:
         cap = AGENT_STILL_MAX
         lane = await self.measured_lane(cap.width, cap.height, SHOT_QUALITY)
         cursor: tuple[int, int] | None
@@ -714,11 +760,15 @@ class DesktopDriver:
                 await self.m.channel().request("cursor", timeout=self.m.grace)
 
     async def _click(self, a: cv.ComputerClick) -> dict[str, Any]:
-        await self._move_first(a.coordinate, "action.coordinate")
+        point, waited = a.coordinate, 0.0
+        if a.mark is not None:
+            point, waited = await self._mark_point(a.mark, wait_enabled=True)
+        await self._move_first(point, "action.coordinate")
         await self.send_input(qin.plan_click(None, self.display, button_name=a.button,
                                             clicks=a.clicks, modifiers=a.modifiers))
         await self._input_processed()
-        return {"coordinate": list(self.pointer), "button": a.button, "clicks": a.clicks}
+        return {"coordinate": list(self.pointer), "button": a.button, "clicks": a.clicks,
+                **acted(a.mark, waited)}
 
     async def _do_left_mouse_down(self, _a: cv.ComputerLeftMouseDown) -> dict[str, Any]:
         await self.send_input([[qin.button("left", True)]])
@@ -738,7 +788,10 @@ class DesktopDriver:
         return {"from": list(a.start), "to": list(a.end)}
 
     async def _do_scroll(self, a: cv.ComputerScroll) -> dict[str, Any]:
-        await self._move_first(a.coordinate, "action.coordinate")
+        point = a.coordinate
+        if a.mark is not None:
+            point, _ = await self._mark_point(a.mark, wait_enabled=False)
+        await self._move_first(point, "action.coordinate")
         await self.send_input(qin.plan_scroll(None, self.display, str(a.direction),
                                              a.amount, a.modifiers))
         # libinput holds wheel events back a moment (its wheel state machine);
@@ -748,6 +801,8 @@ class DesktopDriver:
         await self._input_processed()
         out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount,
                                "coordinate": list(self.pointer)}
+        if a.mark is not None:
+            out["mark"] = a.mark
         if str(a.direction) in qin.SHIFT_WHEEL:
             out["note"] = "sent as shift + the vertical wheel (the rig's tablet has no horizontal wheel)"
         return out
@@ -769,6 +824,8 @@ class DesktopDriver:
         return {"key": str(a.combo), "heldS": a.duration_s}
 
     async def _do_type(self, a: cv.ComputerType) -> dict[str, Any]:
+        if a.mark is not None:  # typing into a widget: a click on it first gives it the focus
+            await self._click(cv.ComputerLeftClick(mark=a.mark))
         text = a.text
         chars = len(text)
         keymap = qin.needs_keymap(text)

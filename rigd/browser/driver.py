@@ -37,6 +37,7 @@ import trio
 
 import rigd.verbs.browser as bv
 from rigd.browser.live_input import PointerState, Sleep
+from rigd.browser.marks import FIND_MARKS, MARK_TARGET, call, parse_target
 from rigd.browser.page import (
     CLIPBOARD_MAX_BYTES,
     CONSOLE_KEEP,
@@ -56,6 +57,7 @@ from rigd.browser.page import (
     text_json,
 )
 from rigd.errors import Conflict, FieldError
+from rigd.marks import MARK_NAME_MAX, MARKS_MAX, Located, MarkBook, acted, annotate, located, parse_marks
 from rigd.model import Display
 from rigd.protocols.cdp import CDPError, CDPProtocolError
 from rigd.protocols.input import Step
@@ -156,6 +158,8 @@ class PageVerbs:
         self.title_timeout_s = TITLE_TIMEOUT_S
         self.console = ConsoleLog()
         self._input_lock = trio.Lock()
+        #: The ids drawn on the agent's marked stills (:mod:`rigd.marks`).
+        self.marks = MarkBook()
         self.verbs: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             spec_name: getattr(self, f"_do_{spec_name}") for spec_name in bv.VERBS
         }
@@ -236,7 +240,34 @@ class PageVerbs:
         handler = self.verbs.get(action.verb)
         if handler is None or not isinstance(action, BrowserAction):
             raise FieldError("action.action", f"a browser rig does not answer {action.verb}")
+        if isinstance(action, bv.BrowserScreenshot) and action.marks:
+            return await self._marked_still(handler, action)
         return await handler(action)
+
+    # -- marks --
+
+    async def _marked_still(self, handler: Callable[[Any], Awaitable[dict[str, Any]]],
+                            a: bv.BrowserScreenshot) -> dict[str, Any]:
+        """The viewport's still with a numbered box on each element a person could act on
+        (drawn on the host, on the agent's copy only), and the list of them."""
+        generation, first = self.marks.begin()
+        got = await self._value(call(FIND_MARKS, generation, MARKS_MAX, MARK_NAME_MAX), timeout=30)
+        try:
+            marks, more = parse_marks(got, first_id=first, display=self.viewport)
+        except ValueError as exc:
+            raise CDPProtocolError(f"screenshot marks: {exc}") from None
+        self.marks.issued(marks, min(len(got["items"]), MARKS_MAX))
+        return await annotate(await handler(bv.BrowserScreenshot(full_page=False)), marks, more)
+
+    async def _mark_point(self, mark: int, *, wait_enabled: bool) -> tuple[tuple[int, int], float]:
+        """Where mark ``mark``'s element is now, and how long it was waited for to enable."""
+        known = self.marks.live(mark)
+        generation, index = self.marks.generation, mark - self.marks.first
+
+        async def locate() -> Located:
+            return parse_target(await self._value(call(MARK_TARGET, generation, index)), self.viewport)
+
+        return await located(mark, known, locate, wait_enabled=wait_enabled)
 
     # -- a person's live-view input --
 
@@ -258,8 +289,13 @@ class PageVerbs:
     # -- pointer --
 
     async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
+        waited = 0.0
+        if a.mark is not None:
+            _, waited = await self._mark_point(a.mark, wait_enabled=True)
         async with self._input_lock:
-            if a.selector is not None:
+            if a.mark is not None:
+                point, _ = await self._mark_point(a.mark, wait_enabled=False)
+            elif a.selector is not None:
                 point = await self._element_point(a.selector)
             else:
                 assert a.coordinate is not None
@@ -270,7 +306,7 @@ class PageVerbs:
         out: dict[str, Any] = {"coordinate": list(point), "button": "left", "clicks": 1}
         if a.selector is not None:
             out["selector"] = a.selector
-        return out
+        return {**out, **acted(a.mark, waited)}
 
     async def _do_mouse_move(self, a: bv.BrowserMouseMove) -> dict[str, Any]:
         check_point(self.viewport, a.coordinate, "action.coordinate")
@@ -300,7 +336,10 @@ class PageVerbs:
         return await self._button(False)
 
     async def _do_scroll(self, a: bv.BrowserScroll) -> dict[str, Any]:
-        point = a.coordinate if a.coordinate is not None else self.pointer
+        if a.mark is not None:
+            point, _ = await self._mark_point(a.mark, wait_enabled=False)
+        else:
+            point = a.coordinate if a.coordinate is not None else self.pointer
         check_point(self.viewport, point, "action.coordinate")
         px = a.amount * WHEEL_NOTCH_PX
         dx, dy = {ScrollDirection.UP: (0, -px), ScrollDirection.DOWN: (0, px),
@@ -312,6 +351,8 @@ class PageVerbs:
             how = await self._wheel(point, dx, dy)
         out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point),
                                **how}
+        if a.mark is not None:
+            out["mark"] = a.mark
         # A smooth scroll animates: the position once it stops changing.
         position = await settled(self._scroll_position)
         if position is not None:
@@ -324,10 +365,14 @@ class PageVerbs:
     # -- keyboard --
 
     async def _do_type(self, a: bv.BrowserType) -> dict[str, Any]:
+        if a.mark is not None:  # typing at a mark: a click on it first gives it the focus
+            await self._do_click(bv.BrowserClick(mark=a.mark))
         focused = await self._value(FOCUSED_EDITABLE) is True
         async with self._input_lock:
             via = await self._type_text(a.text)
         out: dict[str, Any] = {"characters": len(a.text), "via": via, "focusedEditable": focused}
+        if a.mark is not None:
+            out["mark"] = a.mark
         if not focused:
             out["note"] = NOTHING_FOCUSED
         return out

@@ -28,6 +28,7 @@ from rigd.errors import FieldError
 from rigd.model import Tool
 from rigd.verbs.base import (
     COORD_MAX,
+    MARK_ID_MAX,
     PATH_MAX_CHARS,
     SWIPE_MS_DEFAULT,
     SWIPE_MS_MAX,
@@ -293,6 +294,15 @@ class Args:
         if value is None:
             raise self.error(name, "is required; " + self._coordinate_rule())
         return self._coordinate(name, value)
+
+    def opt_mark(self, *, instead_of: str = "coordinate") -> int | None:
+        """An optional ``mark``: an element id drawn on a marked screenshot (rigd.marks), given
+        in place of ``instead_of``."""
+        if not self.has("mark"):
+            return None
+        if self.has(instead_of):
+            raise self.error("mark", f"give {instead_of} or mark, not both")
+        return self.integer("mark", 1, MARK_ID_MAX)
 
     def opt_coordinate(self, name: str) -> Point | None:
         value = self.get(name)

@@ -123,6 +123,8 @@ TEXT_MAX_BYTES = 64 * 1024
 #: Key specifications (``ctrl+s alt+Tab …``), selectors, URLs and paths.
 KEYS_MAX_CHARS = 1024
 SELECTOR_MAX_CHARS = 4096
+#: A mark id (rigd.marks) is at most this: a JSON integer every client reads exactly.
+MARK_ID_MAX = 2**31 - 1
 URL_MAX_CHARS = 8192
 PATH_MAX_CHARS = 4096
 #: Largest coordinate accepted when the display size is unknown: X11 and most

@@ -10,15 +10,16 @@ computer_use's so one habit serves both tools.
   a normal reload (RIGS.md §2); that is the backend's to report.
 - ``stop_loading``: no fields.
 - ``click``: exactly one of ``selector`` (a non-empty string in Playwright's
-  selector syntax, CSS by default) or ``coordinate``.
+  selector syntax, CSS by default), ``coordinate`` or ``mark`` (an id drawn on
+  the newest marked screenshot; a disabled target is waited for up to 45 s).
 - ``fill``: ``selector`` and ``text``; the text may be empty, which clears
   the field as Playwright's ``fill('')`` does.
 - ``type``: ``text``, non-empty, at most 64 KiB of UTF-8, inserted at the
-  caret.
+  caret; with ``mark``, the mark is clicked first (for the focus).
 - ``key``: ``text``, one Playwright combo (``Enter``, ``ArrowLeft``,
   ``Control+a``).
 - ``scroll``: ``scroll_direction`` and ``scroll_amount`` (1-100 notches),
-  optional ``coordinate``. This computer_use shape was picked over
+  optional ``coordinate`` or ``mark``. This computer_use shape was picked over
   Playwright's ``deltaX``/``deltaY`` so one habit serves both tools; the
   backend turns a notch into Chromium's 100 CSS px wheel tick and scrolls at
   the pointer when no coordinate is given.
@@ -29,7 +30,9 @@ computer_use's so one habit serves both tools.
   Playwright's ``mouse.down()``.
 - ``extract`` ○: ``kind``, one of a11y, dom, console. Required: RIGS.md
   names no default.
-- ``screenshot`` ○: optional ``full_page`` (bool, default false).
+- ``screenshot`` ○: optional ``full_page`` (bool, default false) or ``marks``
+  (bool, default false: numbered boxes on the viewport's still and their
+  list, rigd.marks); not both.
 - ``set_viewport``: integers ``width`` 320-2560 and ``height`` 240-1600.
 - ``history``: ``direction``, back or forward.
 - ``wait_for`` ○: ``selector``; optional ``timeoutS`` 0.1-30, default 30
@@ -86,11 +89,12 @@ class BrowserStopLoading(BrowserAction):
 
 @dataclass(frozen=True, slots=True)
 class BrowserClick(BrowserAction):
-    """Exactly one of ``selector`` and ``coordinate`` is set."""
+    """Exactly one of ``selector``, ``coordinate`` and ``mark`` is set."""
 
     verb = "click"
     selector: str | None = None
     coordinate: Point | None = None
+    mark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,8 @@ class BrowserFill(BrowserAction):
 class BrowserType(BrowserAction):
     verb = "type"
     text: str = field(repr=False)
+    #: Type at this mark (clicked first for the focus) instead of where the focus is.
+    mark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +124,7 @@ class BrowserScroll(BrowserAction):
     direction: ScrollDirection
     amount: int
     coordinate: Point | None = None
+    mark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,8 @@ class BrowserScreenshot(BrowserAction):
     verb = "screenshot"
     observation = True
     full_page: bool = False
+    #: Numbered boxes on the elements a person could act on, and their list (rigd.marks).
+    marks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +207,17 @@ def _selector(a: Args) -> str:
 
 
 def _click(a: Args) -> BrowserClick:
-    has_selector, has_coordinate = a.has("selector"), a.has("coordinate")
-    if has_selector and has_coordinate:
-        raise a.error("coordinate", "give selector or coordinate, not both")
-    if not (has_selector or has_coordinate):
-        raise a.error("selector", "is required: give selector or coordinate")
-    if has_selector:
+    given = [name for name in ("selector", "coordinate", "mark") if a.has(name)]
+    if len(given) > 1:
+        raise a.error(given[1], f"give one of selector, coordinate and mark, not both {given[0]} and "
+                                f"{given[1]}")
+    if not given:
+        raise a.error("selector", "is required: give selector or coordinate (or a mark from a marked "
+                                  "screenshot)")
+    if given[0] == "selector":
         return BrowserClick(selector=_selector(a))
+    if given[0] == "mark":
+        return BrowserClick(mark=a.opt_mark())
     return BrowserClick(coordinate=a.coordinate("coordinate"))
 
 
@@ -212,8 +225,16 @@ def _scroll(a: Args) -> BrowserScroll:
     return BrowserScroll(
         direction=a.choice("scroll_direction", ScrollDirection),
         amount=a.integer("scroll_amount", SCROLL_AMOUNT_MIN, SCROLL_AMOUNT_MAX, unit="notches"),
+        mark=a.opt_mark(),
         coordinate=a.opt_coordinate("coordinate"),
     )
+
+
+def _screenshot(a: Args) -> BrowserScreenshot:
+    full_page, marks = a.boolean("full_page", False), a.boolean("marks", False)
+    if full_page and marks:
+        raise a.error("marks", "marks are drawn on the viewport's still: take full_page without marks")
+    return BrowserScreenshot(full_page, marks)
 
 
 _AT_POINTER = "it acts at the pointer's current position; move it first with mouse_move"
@@ -229,14 +250,14 @@ VERBS = table(
     ),
     VerbSpec(BrowserReload, ("hard",), lambda a: BrowserReload(a.boolean("hard", False))),
     VerbSpec(BrowserStopLoading, (), no_fields(BrowserStopLoading)),
-    VerbSpec(BrowserClick, ("selector", "coordinate"), _click),
+    VerbSpec(BrowserClick, ("selector", "coordinate", "mark"), _click),
     VerbSpec(
         BrowserFill, ("selector", "text"),
         lambda a: BrowserFill(_selector(a), a.text("text", allow_empty=True)),
         audit={"text": mask},
     ),
     VerbSpec(
-        BrowserType, ("text",), lambda a: BrowserType(a.text("text")),
+        BrowserType, ("text", "mark"), lambda a: BrowserType(a.text("text"), a.opt_mark()),
         refused={"selector": "type inserts at the caret; to set a field's value use fill"},
         audit={"text": mask},
     ),
@@ -246,7 +267,7 @@ VERBS = table(
         audit={"text": keep_if(parse_dom_combo)},
     ),
     VerbSpec(
-        BrowserScroll, ("coordinate", "scroll_direction", "scroll_amount"), _scroll,
+        BrowserScroll, ("coordinate", "mark", "scroll_direction", "scroll_amount"), _scroll,
         refused={"deltaX": _DELTAS, "deltaY": _DELTAS, "direction": _DELTAS, "amount": _DELTAS},
     ),
     VerbSpec(
@@ -269,8 +290,7 @@ VERBS = table(
     ),
     VerbSpec(BrowserExtract, ("kind",), lambda a: BrowserExtract(a.choice("kind", ExtractKind))),
     VerbSpec(
-        BrowserScreenshot, ("full_page",),
-        lambda a: BrowserScreenshot(a.boolean("full_page", False)),
+        BrowserScreenshot, ("full_page", "marks"), _screenshot,
         refused={"fullPage": "the field is full_page"},
     ),
     VerbSpec(

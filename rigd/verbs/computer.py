@@ -2,14 +2,16 @@
 computer-use tool (``computer_20250124``) so a model trained on it needs no
 new habits.
 
-- ``screenshot`` ○, ``cursor_position`` ○: no fields.
+- ``screenshot`` ○: optional ``marks`` (bool, default false): numbered boxes on
+  the widgets of the desktop's accessibility tree, and their list (rigd.marks).
+- ``cursor_position`` ○: no fields.
 - ``zoom`` ○: ``region`` ``[x1, y1, x2, y2]``, the top-left and bottom-right
   corners in display pixels (``x1 < x2 <= width``, ``y1 < y2 <= height``):
   that part of the screen at the display's own resolution (scaled down only
   when it is larger than an agent still), as ``computer_20251124`` defines it.
 - ``mouse_move``: ``coordinate``.
 - ``left_click``, ``right_click``, ``middle_click``, ``double_click``,
-  ``triple_click``: optional ``coordinate`` (else at the pointer); optional
+  ``triple_click``: optional ``coordinate`` or ``mark`` (else at the pointer); optional
   ``text``, the modifiers held during the click (``shift``, ``ctrl+shift``).
 - ``left_mouse_down``, ``left_mouse_up``: no fields. They act at the
   pointer, as in Anthropic's tool; a ``coordinate`` is refused with a hint to
@@ -21,7 +23,8 @@ new habits.
   shift for a sideways scroll), as in Anthropic's tool.
 - ``key``: ``text``, xdotool combos, whitespace-separated for a sequence.
 - ``hold_key``: ``text`` (one combo) and ``duration`` (0-60 s).
-- ``type``: ``text``, any Unicode, non-empty, at most 64 KiB of UTF-8.
+- ``type``: ``text``, any Unicode, non-empty, at most 64 KiB of UTF-8; with
+  ``mark``, the widget is clicked first (for the focus).
 - ``wait`` ○: ``duration`` (0-60 s), required as in Anthropic's tool.
 - ``set_display``: integers ``width`` 640-2560 and ``height`` 480-1600.
 - ``clipboard_read`` ○: optional ``selection``: clipboard (the default),
@@ -61,6 +64,8 @@ from rigd.verbs.masking import keep_if, mask
 class ComputerScreenshot(ComputerAction):
     verb = "screenshot"
     observation = True
+    #: Numbered boxes on the widgets of the desktop's accessibility tree, and their list.
+    marks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,8 @@ class ComputerClick(ComputerAction):
 
     coordinate: Point | None = None
     modifiers: tuple[str, ...] = ()
+    #: A widget's id from the newest marked screenshot, in place of ``coordinate``.
+    mark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +160,7 @@ class ComputerScroll(ComputerAction):
     amount: int
     coordinate: Point | None = None
     modifiers: tuple[str, ...] = ()
+    mark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +182,8 @@ class ComputerHoldKey(ComputerAction):
 class ComputerType(ComputerAction):
     verb = "type"
     text: str = field(repr=False)
+    #: Type into this widget (clicked first, for the focus) instead of where the focus is.
+    mark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,10 +233,11 @@ def _modifiers(a: Args) -> tuple[str, ...]:
 
 def _click(cls: type[ComputerClick]) -> VerbSpec:
     def parse(a: Args) -> ComputerClick:
-        return cls(coordinate=a.opt_coordinate("coordinate"), modifiers=_modifiers(a))
+        mark = a.opt_mark()
+        return cls(coordinate=a.opt_coordinate("coordinate"), modifiers=_modifiers(a), mark=mark)
 
     return VerbSpec(
-        cls, ("coordinate", "text"), parse, audit={"text": keep_if(parse_x11_modifiers)}
+        cls, ("coordinate", "text", "mark"), parse, audit={"text": keep_if(parse_x11_modifiers)}
     )
 
 
@@ -238,6 +249,7 @@ def _scroll(a: Args) -> ComputerScroll:
     return ComputerScroll(
         direction=a.choice("scroll_direction", ScrollDirection),
         amount=a.integer("scroll_amount", SCROLL_AMOUNT_MIN, SCROLL_AMOUNT_MAX, unit="notches"),
+        mark=a.opt_mark(),
         coordinate=a.opt_coordinate("coordinate"),
         modifiers=_modifiers(a),
     )
@@ -250,7 +262,7 @@ _TEXT_ONLY = (
 )
 
 VERBS = table(
-    VerbSpec(ComputerScreenshot, (), no_fields(ComputerScreenshot)),
+    VerbSpec(ComputerScreenshot, ("marks",), lambda a: ComputerScreenshot(a.boolean("marks", False))),
     VerbSpec(ComputerCursorPosition, (), no_fields(ComputerCursorPosition)),
     VerbSpec(ComputerZoom, ("region",), lambda a: ComputerZoom(_region(a))),
     VerbSpec(
@@ -277,7 +289,7 @@ VERBS = table(
         ),
     ),
     VerbSpec(
-        ComputerScroll, ("coordinate", "scroll_direction", "scroll_amount", "text"), _scroll,
+        ComputerScroll, ("coordinate", "mark", "scroll_direction", "scroll_amount", "text"), _scroll,
         audit={"text": keep_if(parse_x11_modifiers)},
     ),
     VerbSpec(
@@ -291,8 +303,8 @@ VERBS = table(
         audit={"text": keep_if(parse_x11_combo)},
     ),
     VerbSpec(
-        ComputerType, ("text",), lambda a: ComputerType(a.text("text")),
-        refused={"coordinate": "type enters text at the focus; click the field first"},
+        ComputerType, ("text", "mark"), lambda a: ComputerType(a.text("text"), a.opt_mark()),
+        refused={"coordinate": "type enters text at the focus; click the field first (or give a mark)"},
         audit={"text": mask},
     ),
     VerbSpec(ComputerWait, ("duration",), lambda a: ComputerWait(_duration(a))),

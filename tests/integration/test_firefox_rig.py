@@ -25,7 +25,7 @@ from netgate.testing import DEFAULT_SITES, FakeInternet
 from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, build_browser
 from tests.integration.conftest import gateway_refusals, make_data_dir, serving
-from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, refused, sh
+from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, check_marks, refused, sh
 
 pytestmark = [
     pytest.mark.vm,
@@ -95,6 +95,11 @@ def test_navigate_fill_click_type_and_read_back(firefox: World) -> None:
     assert act(srv, rig, action="wait_for", selector="h1", timeoutS=20)["found"] is True
     back = act(srv, rig, action="history", direction="back")
     assert back["url"] == f"{SITE}/form.html" and back["loaded"] is True
+
+
+def test_marks_number_the_elements_on_the_agents_still_only(firefox: World) -> None:
+    srv, rig, _world = firefox
+    check_marks(srv, rig)
 
 
 def test_bad_input_and_a_host_outside_the_allowlist(firefox: World) -> None:

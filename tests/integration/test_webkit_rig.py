@@ -27,7 +27,17 @@ from netgate.testing import DEFAULT_SITES, FakeInternet
 from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, build_browser
 from tests.integration.conftest import gateway_refusals, make_data_dir, serving
-from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, latest_log, refused, sh
+from tests.integration.test_browser_rig import (
+    PAGES,
+    SITE,
+    World,
+    _recv,
+    act,
+    check_marks,
+    latest_log,
+    refused,
+    sh,
+)
 
 pytestmark = [
     pytest.mark.vm,
@@ -170,6 +180,11 @@ def test_the_live_view_shows_the_page_as_webkit_draws_it(webkit: World) -> None:
     finally:
         srv.call("rig.control", {"rigId": rig, "op": "release"})
         act(srv, rig, action="set_viewport", width=1280, height=800)
+
+
+def test_marks_number_the_elements_on_the_agents_still_only(webkit: World) -> None:
+    srv, rig, _world = webkit
+    check_marks(srv, rig)
 
 
 def test_bad_input_and_a_host_outside_the_allowlist(webkit: World) -> None:

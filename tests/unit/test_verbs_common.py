@@ -138,9 +138,11 @@ def test_unknown_field_is_refused_by_name_with_a_suggestion() -> None:
 
 
 def test_unknown_fields_are_all_named() -> None:
-    e = err("computer_use", {"action": "screenshot", "foo": 1, "bar": 2})
+    e = err("computer_use", {"action": "cursor_position", "foo": 1, "bar": 2})
     assert e.field == "action.foo"
-    assert "unknown fields 'foo', 'bar' for computer_use screenshot; it takes no fields" in e.reason
+    assert "unknown fields 'foo', 'bar' for computer_use cursor_position; it takes no fields" in e.reason
+    e = err("computer_use", {"action": "screenshot", "foo": 1})
+    assert e.field == "action.foo" and "for computer_use screenshot; it takes marks" in e.reason
 
 
 def test_odd_field_names_get_a_bracketed_path() -> None:

@@ -73,6 +73,8 @@ GOOD: dict[str, st.SearchStrategy[object]] = {
     "url": st.sampled_from(["https://example.com/", "http://app.test:3000/x", "myapp://a"]),
     "hard": st.booleans(),
     "full_page": st.booleans(),
+    "marks": st.booleans(),
+    "mark": st.integers(1, 50),
     "selector": st.sampled_from(["#q", "text=Sign in"]),
     "kind": st.sampled_from(["a11y", "dom", "console"]),
     "direction": st.sampled_from(["back", "forward"]),
