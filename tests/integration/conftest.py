@@ -20,8 +20,10 @@ fatal and never silent.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
+import io
 import json
 import logging
 import os
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from rigd.backends import evidence as rig_evidence
 from rigd.backends.desktop_argv import desktop_argv
@@ -622,6 +625,23 @@ def exec_(srv: Server, rig_id: str, token: str | None = None, **action: Any) -> 
                                      "action": {"action": "exec", **action}}, token=token))
 
 
+def decoded(data: str | bytes) -> Image.Image:
+    """An image from a verb's base64 ``data`` or a live frame's bytes, as RGB."""
+    raw = base64.b64decode(data) if isinstance(data, str) else data
+    with Image.open(io.BytesIO(raw)) as img:
+        return img.convert("RGB")
+
+
+def mark_drawn(img: Image.Image, box: list[int], scale: float = 1.0) -> bool:
+    """Whether the left edge of a mark's ``box`` (display px; ``scale`` display px per image px)
+    is drawn in a mark's colour (rigd.marks.PALETTE: saturated, where a page is white, a
+    button grey and a terminal dark)."""
+    x, y = round(box[0] / scale), round((box[1] + box[3] // 2) / scale)
+    pixel = img.getpixel((min(img.width - 1, x), min(img.height - 1, y)))
+    assert isinstance(pixel, tuple)
+    return max(pixel) - min(pixel) > 90
+
+
 def gateway_refusals(srv: Server, rig_id: str) -> dict[str, int]:
     """How many times the rig's egress gateway refused each host (the audit log's ``netgate``
     rows, every page of them): what a browser engine looked up on its own shows here."""
@@ -636,7 +656,7 @@ def gateway_refusals(srv: Server, rig_id: str) -> dict[str, int]:
     return counts
 
 
-__all__ = ["DESKTOP_SHAPE", "ClientError", "Server", "SharedRig", "SharedServer", "TestEvidence", "cleanup_failed", "desktop_server", "exec_",
-           "gateway_refusals", "make_data_dir",
+__all__ = ["DESKTOP_SHAPE", "ClientError", "Server", "SharedRig", "SharedServer", "TestEvidence", "cleanup_failed", "decoded",
+           "desktop_server", "exec_", "gateway_refusals", "make_data_dir", "mark_drawn",
            "open_terminal", "qemu_pids_for", "reap", "remove_tree", "server_home", "start_server",
            "track_server"]

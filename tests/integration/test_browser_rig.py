@@ -29,7 +29,7 @@ from netgate.testing import DEFAULT_SITES, FakeInternet, Site
 from rigd.backends.snapshot import rig_machine_id
 from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, browser_pack_dir, build_browser, find_browser
-from tests.integration.conftest import Server, gateway_refusals, make_data_dir, serving
+from tests.integration.conftest import Server, decoded, gateway_refusals, make_data_dir, mark_drawn, serving
 from tests.integration.test_warm_start import wait_snapshot
 
 pytestmark = [
@@ -418,20 +418,6 @@ def _recv(ws: Any, want: str, within_s: float = 60) -> dict[str, Any]:
                 return dict(doc)
 
 
-def _decoded(data: str | bytes) -> Image.Image:
-    raw = base64.b64decode(data) if isinstance(data, str) else data
-    with Image.open(io.BytesIO(raw)) as img:
-        return img.convert("RGB")
-
-
-def _mark_colour(img: Image.Image, box: list[int], scale: float = 1.0) -> bool:
-    """Whether the left edge of ``box`` (display px; ``scale`` display px per image px) is
-    drawn in a mark's colour: saturated, where the page is white or a grey button."""
-    x, y = round(box[0] / scale), round((box[1] + box[3] // 2) / scale)
-    pixel = img.getpixel((min(img.width - 1, x), min(img.height - 1, y)))
-    return max(pixel) - min(pixel) > 90
-
-
 def check_marks(srv: Server, rig: str) -> None:
     """Issue 30's marks on a browser rig, any engine: the marked still and its list, a click,
     a type and a disabled target by mark, stale and unknown ids refused naming the field, and
@@ -446,18 +432,18 @@ def check_marks(srv: Server, rig: str) -> None:
     assert (one["role"], later["role"], who["role"], link["role"]) == ("button", "button", "textbox", "link")
     assert later.get("disabled") is True and "disabled" not in one
     assert one["box"][:2] == [40, 40] and one["box"][2:] == [160, 60], one
-    marked = _decoded(shot["image"]["data"])
-    assert _mark_colour(marked, one["box"], shot["scale"]), "no box drawn on the agent's still"
+    marked = decoded(shot["image"]["data"])
+    assert mark_drawn(marked, one["box"], shot["scale"]), "no box drawn on the agent's still"
     # Drawn on the agent's copy only: neither a plain still nor the person's live view has it.
     plain = act(srv, rig, action="screenshot")
-    assert not _mark_colour(_decoded(plain["image"]["data"]), one["box"], plain["scale"])
+    assert not mark_drawn(decoded(plain["image"]["data"]), one["box"], plain["scale"])
     path = srv.call("rig.viewUrl", {"rigId": rig})["path"]
     with connect(srv.url.replace("http://", "ws://") + path, max_size=None, open_timeout=60) as ws:
         _recv(ws, "frame")
         live = ws.recv(timeout=30)
         assert isinstance(live, bytes)
-    frame = _decoded(live)
-    assert not _mark_colour(frame, one["box"], 1280 / frame.width), "a mark reached the live view"
+    frame = decoded(live)
+    assert not mark_drawn(frame, one["box"], 1280 / frame.width), "a mark reached the live view"
     # Acting by mark: the element's centre, as it is now.
     clicked = act(srv, rig, action="click", mark=one["id"])
     assert clicked["coordinate"] == [120, 70] and clicked["mark"] == one["id"], clicked

@@ -34,7 +34,15 @@ from websockets.sync.client import connect
 
 from rigd.images.desktop import find_desktop
 from rigd.tools.mcp import CONVERSATION_HEADER, WORKSPACE_HEADER
-from tests.integration.conftest import DESKTOP_SHAPE, Server, SharedRig, make_data_dir, remove_tree
+from tests.integration.conftest import (
+    DESKTOP_SHAPE,
+    Server,
+    SharedRig,
+    make_data_dir,
+    mark_drawn,
+    remove_tree,
+)
+from tests.integration.conftest import decoded as rgb
 from tests.integration.mcp_clients import http_mcp, images_of, stdio_mcp, text_of
 from tests.integration.scripted_model import run_agent, scripted_endpoint, tool_call
 
@@ -213,6 +221,55 @@ def test_typing_never_touches_the_clipboard_and_newline_is_enter(desk: tuple[Ser
     assert typed["via"] == "keys+keymap"
     assert wait_for(srv, rig, "test -s /home/rig/t.txt && cat /home/rig/t.txt") == "héllo wörld\n"
     assert act(srv, rig, action="clipboard_read")["content"]["text"] == "copied by a person"
+
+
+def test_marks_number_the_desktops_widgets_on_the_agents_still_only(desk: tuple[Server, str]) -> None:
+    """Issue 30: a marked still of the desktop (its AT-SPI tree): the panel's and the terminal's
+    widgets; a click by mark opens the terminal's File menu (whose items the next still marks),
+    a type by mark reaches the terminal; an older still's ids are refused naming the field;
+    no mark reaches a plain still or the person's live view."""
+    srv, rig = desk
+    sh(srv, rig, f"pgrep -u rig -x xfce4-terminal >/dev/null || {AS_RIG} setsid -f xfce4-terminal "
+                 "--disable-server --geometry 80x24+100+100 >/dev/null 2>&1")
+    terminal_ready(srv, rig)
+    shot = act(srv, rig, action="screenshot", marks=True)
+    named = {(m["role"], m["name"]): m for m in shot["marks"]}
+    assert ("toggle button", "Applications") in named and ("menu", "File") in named, shot["marks"]
+    term = next(m for m in shot["marks"] if m["role"] == "terminal")
+    assert "accessibility tree" in shot["note"]
+    assert mark_drawn(rgb(shot["image"]["data"]), term["box"], shot["scale"])
+    plain = act(srv, rig, action="screenshot")
+    assert not mark_drawn(rgb(plain["image"]["data"]), term["box"], plain["scale"])
+    texts, images = _live(_ws_url(srv, srv.call("rig.viewUrl", {"rigId": rig})["path"]), sends=[])
+    frame = next(t for t in texts if t["type"] == "frame")
+    assert not mark_drawn(rgb(images[0]), term["box"], 1280 / frame["imageSize"]["width"])
+    # A click by mark lands on the widget's centre: the File menu opens, and its items are marked.
+    file_menu = named[("menu", "File")]
+    x, y, w, h = file_menu["box"]
+    clicked = act(srv, rig, action="left_click", mark=file_menu["id"])
+    assert clicked["coordinate"] == [x + w // 2, y + h // 2] and clicked["mark"] == file_menu["id"]
+    end = time.monotonic() + 60
+    while True:
+        opened = act(srv, rig, action="screenshot", marks=True)
+        if any(m["role"] == "menu item" for m in opened["marks"]):
+            break
+        assert time.monotonic() < end, opened["marks"]
+    act(srv, rig, action="key", text="Escape")
+    # Ids of an older still are refused, naming the field; nothing is clicked.
+    stale = srv.error("rig.act", {"rigId": rig, "tool": "computer_use",
+                                  "action": {"action": "left_click", "mark": file_menu["id"]}})
+    assert stale["data"]["field"] == "action.mark" and "older still" in stale["message"], stale
+    never = srv.error("rig.act", {"rigId": rig, "tool": "computer_use",
+                                  "action": {"action": "left_click", "mark": 10**6}})
+    assert never["data"]["field"] == "action.mark" and "never issued" in never["message"], never
+    # Typing by mark: the terminal widget is clicked first (the focus), then the keys go there.
+    terminal_ready(srv, rig)
+    again = act(srv, rig, action="screenshot", marks=True)
+    term = next(m for m in again["marks"] if m["role"] == "terminal")
+    sh(srv, rig, "rm -f /home/rig/marked.txt")
+    typed = act(srv, rig, action="type", mark=term["id"], text="echo marked-$((6*7)) > ~/marked.txt\n")
+    assert typed["dropped"] == 0, typed
+    assert wait_for(srv, rig, "cat /home/rig/marked.txt").strip() == "marked-42"
 
 
 def xmessage_button(srv: Server, rig: str, geometry: str) -> tuple[int, int, int, int]:
