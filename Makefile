@@ -86,7 +86,8 @@ bench: images images-desktop
 	$(BIN)/python bench/agents.py; f=$$?; $(BIN)/python bench/images.py; g=$$?; \
 	$(BIN)/python bench/ports.py; h=$$?; $(BIN)/python bench/tcg.py; i=$$?; \
 	$(BIN)/python bench/open.py; j=$$?; $(BIN)/python bench/fork.py; k=$$?; \
-	exit $$(( a || b || c || d || e || f || g || h || i || j || k ))
+	$(BIN)/python bench/marks.py; l=$$?; \
+	exit $$(( a || b || c || d || e || f || g || h || i || j || k || l ))
 
 clean-cache:
 	rm -rf "$(RIGD_CACHE_DIR)"
