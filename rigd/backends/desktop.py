@@ -637,8 +637,9 @@ class DesktopDriver:
         out["note"] = "; ".join([out["note"], *notes])
         return out
 
-    async def _run_as_session(self, argv: list[str], timeout_s: float) -> tuple[int | None, bytes]:
-        result = await self.m.exec(argv, cwd=f"/home/{SESSION_USER}", env=None, stdin=None,
+    async def _run_as_session(self, argv: list[str], timeout_s: float,
+                              stdin: bytes | None) -> tuple[int | None, bytes]:
+        result = await self.m.exec(argv, cwd=f"/home/{SESSION_USER}", env=None, stdin=stdin,
                                    timeout_s=timeout_s, max_output=desktop_marks.OUTPUT_MAX)
         return result.exit_code, result.stdout
 

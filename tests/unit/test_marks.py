@@ -259,8 +259,8 @@ def test_widgets_under_a_higher_window_are_left_out() -> None:
 def test_a_widget_is_found_again_or_is_stale() -> None:
     answers: list[bytes] = []
 
-    async def run(argv: list[str], timeout_s: float) -> tuple[int | None, bytes]:
-        assert json.loads(argv[-1])["op"] == "target"
+    async def run(argv: list[str], timeout_s: float, stdin: bytes | None) -> tuple[int | None, bytes]:
+        assert stdin is not None and json.loads(stdin)["op"] == "target" and "UNIX-CONNECT" in argv[-1]
         return 0, answers.pop(0)
 
     async def main() -> None:
@@ -276,16 +276,51 @@ def test_a_widget_is_found_again_or_is_stale() -> None:
 
 
 def test_an_image_without_atspi_is_a_conflict_naming_marks() -> None:
-    async def run(argv: list[str], timeout_s: float) -> tuple[int | None, bytes]:
+    async def run(argv: list[str], timeout_s: float, stdin: bytes | None) -> tuple[int | None, bytes]:
         return 0, b'{"error": "no AT-SPI client (python3-pyatspi) in this image"}'
 
-    async def broken(argv: list[str], timeout_s: float) -> tuple[int | None, bytes]:
-        return 127, b"python3: not found"
+    async def broken(argv: list[str], timeout_s: float, stdin: bytes | None) -> tuple[int | None, bytes]:
+        return 127, b"sh: socat: not found" if "UNIX-CONNECT" in argv[-1] else b"python3: not found"
 
     async def main() -> None:
         for runner, words in ((run, "python3-pyatspi"), (broken, "could not be read")):
             with pytest.raises(Conflict, match=words) as e:
                 await dm.find(runner, "rig", VIEW)
             assert e.value.data["field"] == "action.marks"
+
+    trio.run(main)
+
+
+def test_the_helper_is_started_once_and_asked_after() -> None:
+    """No helper yet: the client fails, the helper is started as the session user, then asked;
+    the next request goes straight to it. A helper that errors falls back to one run."""
+    calls: list[str] = []
+    state = {"listening": False, "broken": False}
+
+    async def run(argv: list[str], timeout_s: float, stdin: bytes | None) -> tuple[int | None, bytes]:
+        if "UNIX-CONNECT" in argv[-1]:
+            calls.append("ask")
+            if not state["listening"]:
+                return 1, b""
+            if state["broken"]:
+                return 0, b'{"error": "the marks helper failed: KeyError"}'
+            return 0, b'{"frames": [], "items": [], "nodes": 1, "truncated": false}'
+        if argv[-1] == dm.PROGRAM:
+            calls.append("start")
+            assert argv[3:6] == ["rigd-session", "rig", "--"] and "setsid -f python3" in argv[-2]
+            state["listening"] = True
+            return 0, b""
+        calls.append("once")
+        assert argv[6:9] == ["python3", "-I", "-c"]
+        return 0, b'{"frames": [], "items": [], "nodes": 2, "truncated": false}'
+
+    async def main() -> None:
+        assert await dm.find(run, "rig", VIEW) == ([], 0, False)
+        assert calls == ["ask", "start", "ask"]
+        await dm.find(run, "rig", VIEW)
+        assert calls[3:] == ["ask"]
+        state["broken"] = True
+        await dm.find(run, "rig", VIEW)
+        assert calls[4:] == ["ask", "once"]
 
     trio.run(main)
