@@ -37,6 +37,8 @@ class FakeMachine:
     rss_mb: int = 100
     calls: list[list[str]] = field(default_factory=list)
     performed: list[str] = field(default_factory=list)
+    #: The parsed actions performed, in order (a test reads what reached the machine).
+    actions: list[Any] = field(default_factory=list)
     policy: Any = None
     #: What ``perform`` answers per verb (default: ``{"performed": verb}``).
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -104,6 +106,7 @@ class FakeMachine:
     async def perform(self, action: Any) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
         self.performed.append(action.verb)
+        self.actions.append(action)
         return self.answers.get(action.verb, {"performed": action.verb})
 
     async def browser_state(self) -> ProfileState:

@@ -37,7 +37,7 @@ import trio
 
 import rigd.verbs.browser as bv
 from rigd.browser.live_input import PointerState, Sleep
-from rigd.browser.marks import FIND_MARKS, MARK_TARGET, call, parse_target
+from rigd.browser.marks import FIND_MARKS, LOGIN_FILL, MARK_TARGET, call, parse_target
 from rigd.browser.page import (
     CLIPBOARD_MAX_BYTES,
     CONSOLE_KEEP,
@@ -487,6 +487,38 @@ class PageVerbs:
                                "waitedS": round(trio.current_time() - start, 3)}
         if not found:
             out["note"] = f"no element matched within {a.timeout_s:g} s"
+        return out
+
+    # -- saved logins (issue 30) --
+
+    async def _do_login(self, a: bv.BrowserLogin) -> dict[str, Any]:
+        """Fill the saved login (its password looked up by the server, rigd.rigs.logins) into
+        the page's login form, only when the page is ``a.site`` over HTTPS. The password
+        goes into the page and nowhere else: not in the answer, the audit row or a log."""
+        if a.password is None:
+            raise Conflict("login: no saved password was looked up for this action", field="action.account")
+        url = await self._page_url()
+        parts = urlsplit(url)
+        if parts.scheme != "https":
+            raise Conflict(f"login: this page is {parts.scheme or 'not a web page'}:, not https://; a saved "
+                           "login is filled only into HTTPS pages", reason="not https", field="action.site")
+        try:
+            origin = bv.parse_site(f"https://{parts.netloc}", "action.site")
+        except FieldError:
+            origin = f"https://{parts.netloc[:200]}"
+        if origin != a.site:
+            raise Conflict(f"login: the page's origin is {origin}, not {a.site}; a saved login is filled "
+                           "only into its own site (a look-alike is refused)", reason="other origin",
+                           field="action.site")
+        got = await self._value(call(LOGIN_FILL, a.account, a.password), timeout=30)
+        if not (isinstance(got, dict) and got.get("found") is True):
+            raise Conflict("login: the page has no visible, enabled password field to fill",
+                           reason="no login form", field="action.site")
+        out: dict[str, Any] = {"site": a.site, "account": a.account, "filled": True,
+                               "usernameField": got.get("username") is True}
+        if not out["usernameField"]:
+            out["note"] = ("the page has no user-name field beside its password field: only the password "
+                           "was filled")
         return out
 
     # -- clipboard --

@@ -109,6 +109,31 @@ MARK_TARGET = """(generation, index) => {
           disabled: el.matches(':disabled') || el.getAttribute('aria-disabled') === 'true'};
 }"""
 
+#: A saved login into the page's form (issue 30; the driver has checked the page's origin):
+#: the first visible, enabled password field, and the user-name field of its form (one marked
+#: ``autocomplete=username``/``email``, else the last text-like field before the password).
+#: Values are set through the input's own setter with input/change events, as typing would;
+#: the answer says what was found, never a value.
+LOGIN_FILL = """(account, password) => {
+  const usable = el => { const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+    return r.width > 0 && r.height > 0 && s.visibility === 'visible' && !el.disabled && !el.readOnly; };
+  const pw = Array.from(document.querySelectorAll('input[type=password]')).find(usable);
+  if (!pw) return {found: false};
+  const scope = pw.form || document;
+  const texts = Array.from(scope.querySelectorAll('input')).filter(e => usable(e)
+    && ['', 'text', 'email', 'tel'].includes((e.getAttribute('type') || '').toLowerCase()));
+  const hinted = texts.find(e => /username|email/.test(e.getAttribute('autocomplete') || ''));
+  const before = texts.filter(e => e.compareDocumentPosition(pw) & Node.DOCUMENT_POSITION_FOLLOWING);
+  const user = hinted || before[before.length - 1] || null;
+  const setter = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;
+  const put = (el, v) => { el.focus(); setter.call(el, v);
+    el.dispatchEvent(new Event('input', {bubbles: true}));
+    el.dispatchEvent(new Event('change', {bubbles: true})); };
+  if (user) put(user, account);
+  put(pw, password);
+  return {found: true, username: !!user, form: !!pw.form};
+}"""
+
 #: Why a mark's element cannot be acted on, by the page script's word.
 STALE = {
     "navigated": "the page navigated (or reloaded) since the still it was drawn on",
@@ -135,4 +160,4 @@ def parse_target(got: object, display: Display) -> tuple[tuple[int, int], bool] 
     return (x, y), got.get("disabled") is True
 
 
-__all__ = ["FIND_MARKS", "MARK_TARGET", "call", "parse_target"]
+__all__ = ["FIND_MARKS", "LOGIN_FILL", "MARK_TARGET", "call", "parse_target"]

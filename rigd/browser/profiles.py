@@ -28,6 +28,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from rigd.errors import FieldError, RigdError
+from rigd.store.util import sealing_key
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAGIC = b"RIGDPROF1\n"
@@ -154,27 +155,10 @@ class ProfileStore:
         self.root = data_dir / "profiles"
 
     def _key(self) -> bytes:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self.root / "key"
         try:
-            key = path.read_bytes()
-        except FileNotFoundError:
-            key = secrets.token_bytes(32)
-            tmp = path.with_name("key.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(key)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.link(tmp, path)  # never replaces a key another writer made meanwhile
-            except FileExistsError:
-                key = path.read_bytes()
-            finally:
-                tmp.unlink(missing_ok=True)
-        if len(key) != 32:
-            raise RigdError(f"{path} is not a 32-byte key")
-        return key
+            return sealing_key(self.root / "key")
+        except ValueError as exc:
+            raise RigdError(str(exc)) from None
 
     def path(self, ref: ProfileRef, engine: str) -> Path:
         for part in (ref.owner, engine):

@@ -24,6 +24,7 @@ from rigd.ports.forwards import RigPorts
 from rigd.ports.hub import PortsHub
 from rigd.rigs import lifecycle
 from rigd.rigs.live import Caller, LiveRig, renewed_lease
+from rigd.rigs.logins import LoginRef, Logins, LoginSave, parse_login_ref, parse_login_save
 from rigd.rigs.manager import CONTROL_LEASE_S, WATCH_LAPSE_S, RigManager, egress_json
 from rigd.rigs.params import (
     ActParams,
@@ -68,6 +69,7 @@ from rigd.rigs.seats import Seats
 from rigd.store.util import iso, utcnow
 from rigd.verbs import ParseContext, audit_args, is_observation, parse_action
 from rigd.verbs.base import DESKTOP_MIN
+from rigd.verbs.browser import BrowserLogin
 
 
 def conversation_rig(rig: LiveRig, ws_id: str, params: OpenParams) -> bool:
@@ -92,6 +94,7 @@ class RigApi:
     def __init__(self, rigs: RigManager) -> None:
         self.rigs = rigs
         self.seats = Seats(rigs)
+        self.logins = Logins(rigs)
 
     async def call(self, method: str, caller: Caller, raw: object) -> Any:
         """Parse ``raw`` as the RPC method's parameters and run it: the server's method
@@ -249,6 +252,8 @@ class RigApi:
             parsed = parse_action(tool.value, action, ParseContext(surface=surface, display=display))
             if isinstance(parsed, FieldError):
                 raise parsed
+            if isinstance(parsed, BrowserLogin):  # the saved password, opened here, never sent
+                parsed = await self.logins.with_password(row.workspace_id, parsed)
             if live is None:
                 outcome = "refused"
                 lifecycle.require_phase(Phase(row.phase), frozenset({Phase.READY}), f"run {tool}.{verb}")
@@ -357,6 +362,17 @@ class RigApi:
 
     async def seat_rm(self, caller: Caller, params: SeatParams) -> dict[str, Any]:
         return await self.seats.remove(caller, params)
+
+    # -- saved logins (issue 30) ------------------------------------------------------------
+
+    async def login_save(self, caller: Caller, params: LoginSave) -> dict[str, Any]:
+        return await self.logins.save(caller, params)
+
+    async def login_list(self, caller: Caller, params: ListParams) -> list[dict[str, Any]]:
+        return await self.logins.listing(caller, params.workspace)
+
+    async def login_rm(self, caller: Caller, params: LoginRef) -> dict[str, Any]:
+        return await self.logins.remove(caller, params)
 
     async def park(self, caller: Caller, ref: RigRef) -> dict[str, Any]:
         rig_id = ref.rig_id
@@ -492,6 +508,9 @@ RIG_METHODS: dict[str, tuple[Callable[[object], Any], str]] = {
     "seat.handOver": (parse_seat_hand_over, "seat_hand_over"),
     "seat.handBack": (parse_seat_ref, "seat_hand_back"),
     "seat.rm": (parse_seat_ref, "seat_rm"),
+    "login.save": (parse_login_save, "login_save"),
+    "login.list": (parse_workspace_ref, "login_list"),
+    "login.rm": (parse_login_ref, "login_rm"),
     "rig.retry": (parse_rig_ref, "retry"),
     "rig.events": (parse_events, "events_since"),
     "rig.ports": (parse_rig_ref, "ports"),

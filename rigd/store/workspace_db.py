@@ -146,6 +146,18 @@ MIGRATIONS: list[str] = [
         handed_at TEXT
     );
     """,
+    # v9: saved site logins (issue 30): the password sealed (AES-256-GCM, the key outside the
+    # database: rigd.rigs.logins), never a column of its own in the clear
+    """
+    CREATE TABLE logins (
+        site TEXT NOT NULL,
+        account TEXT NOT NULL,
+        sealed BLOB NOT NULL,
+        created_by TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (site, account)
+    );
+    """,
 ]
 
 
@@ -387,6 +399,36 @@ class WorkspaceDB:
     def delete_seat(self, name: str) -> None:
         with self._lock:
             self._conn.execute("DELETE FROM seats WHERE name = ?", (name,))
+
+    # -- logins (issue 30) ---------------------------------------------------
+
+    def put_login(self, site: str, account: str, sealed: bytes, created_by: str) -> None:
+        """Save (or replace) a login's sealed password."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO logins (site, account, sealed, created_by, created_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (site, account) DO UPDATE SET sealed = excluded.sealed, "
+                "created_by = excluded.created_by, created_at = excluded.created_at",
+                (site, account, sealed, created_by, iso(utcnow())),
+            )
+
+    def list_logins(self) -> list[tuple[str, str, str, str]]:
+        """(site, account, created_by, created_at) of every saved login, never the password."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT site, account, created_by, created_at FROM logins ORDER BY site, account").fetchall()
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def sealed_login(self, site: str, account: str) -> bytes | None:
+        with self._lock:
+            row = self._conn.execute("SELECT sealed FROM logins WHERE site = ? AND account = ?",
+                                     (site, account)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def delete_login(self, site: str, account: str) -> bool:
+        with self._lock:
+            cur = self._conn.execute("DELETE FROM logins WHERE site = ? AND account = ?", (site, account))
+        return cur.rowcount > 0
 
     # -- rig_events ---------------------------------------------------------
 

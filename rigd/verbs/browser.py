@@ -40,6 +40,9 @@ computer_use's so one habit serves both tools.
 - ``clipboard_read`` ○: no fields; a browser has one clipboard, so a
   ``selection`` is refused saying so.
 - ``clipboard_write``: ``text`` only; it may be empty.
+- ``login``: ``site`` (an ``https://`` origin) and ``account``: fill that saved login
+  (rigd.rigs.logins) into the page's form, only when the page's origin is ``site``; a
+  ``password`` field is refused (agents never send or see one).
 
 Coordinates are CSS pixels of the viewport, inside ``ctx.display``. Audit:
 ``type``, ``fill`` and ``clipboard_write`` text is masked; a URL's userinfo
@@ -49,7 +52,9 @@ is masked.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
+from rigd.errors import FieldError
 from rigd.verbs._args import Args, VerbSpec, no_fields, table
 from rigd.verbs.base import (
     SCROLL_AMOUNT_MAX,
@@ -188,6 +193,17 @@ class BrowserWaitFor(BrowserAction):
 
 
 @dataclass(frozen=True, slots=True)
+class BrowserLogin(BrowserAction):
+    """Fill a saved login (issue 30) into the page's login form. ``password`` is never parsed
+    from the request: the server looks it up (rigd.rigs.logins) before the driver runs."""
+
+    verb = "login"
+    site: str
+    account: str
+    password: str | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class BrowserClipboardRead(BrowserAction):
     verb = "clipboard_read"
     observation = True
@@ -197,6 +213,36 @@ class BrowserClipboardRead(BrowserAction):
 class BrowserClipboardWrite(BrowserAction):
     verb = "clipboard_write"
     text: str = field(repr=False)
+
+
+ACCOUNT_MAX = 256
+
+
+def parse_site(raw: object, name: str = "site") -> str:
+    """An ``https://host[:port]`` origin, lower-cased; anything else is a field error."""
+    if not isinstance(raw, str) or not raw or len(raw) > 300:
+        raise FieldError(name, "must be an https:// origin, e.g. https://accounts.example.com")
+    parts = urlsplit(raw.strip())
+    if parts.scheme.lower() != "https":
+        raise FieldError(name, f"must be an https:// origin: logins are filled only into HTTPS pages, "
+                               f"not {parts.scheme or 'a bare host'}")
+    if not parts.hostname or "@" in parts.netloc or parts.query or parts.fragment \
+            or parts.path not in ("", "/"):
+        raise FieldError(name, "must be an origin only (https://host or https://host:port), with no "
+                               "path, query or credentials")
+    try:
+        port = parts.port
+    except ValueError:
+        raise FieldError(name, "has a port that is not a number from 1 to 65535") from None
+    host = parts.hostname.lower()
+    return f"https://{host}" + (f":{port}" if port not in (None, 443) else "")
+
+
+def parse_account(raw: object, name: str = "account") -> str:
+    if not isinstance(raw, str) or not 1 <= len(raw) <= ACCOUNT_MAX \
+            or any(ord(c) < 32 or ord(c) == 127 for c in raw):
+        raise FieldError(name, f"must be 1-{ACCOUNT_MAX} printable characters (a user name or address)")
+    return raw
 
 
 def _selector(a: Args) -> str:
@@ -320,5 +366,12 @@ VERBS = table(
         lambda a: BrowserClipboardWrite(a.text("text", allow_empty=True)),
         refused={name: _TEXT_ONLY for name in ("image", "images", "files", "file", "path", "data")},
         audit={"text": mask},
+    ),
+    VerbSpec(
+        BrowserLogin, ("site", "account"),
+        lambda a: BrowserLogin(parse_site(a.get("site"), "action.site"),
+                               parse_account(a.get("account"), "action.account")),
+        refused={"password": "the password is never sent by an agent: a person saves it with login.save, "
+                             "and login fills it"},
     ),
 )

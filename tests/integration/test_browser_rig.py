@@ -113,12 +113,20 @@ body { margin: 0; background: #fff; } .at { position: absolute; width: 160px; he
 <button id="covered" class="at" style="left: 40px; top: 300px">Covered</button>
 <div style="position: absolute; left: 20px; top: 280px; width: 220px; height: 100px; background: #eee"></div>
 </body></html>"""
+#: A login form (issue 30): submitting shows who signed in and the password's length only.
+LOGIN = """<!doctype html><html><head><meta charset="utf-8"><title>Login</title></head><body>
+<form onsubmit="event.preventDefault(); document.title = 'signed in ' +
+  document.getElementById('user').value + ' ' + document.getElementById('pw').value.length">
+<input id="user" autocomplete="username"><input id="pw" type="password"><button id="go">Sign in</button>
+</form></body></html>"""
+#: The password a person saves for pages.test (never typed, never in a result, log or row).
+LOGIN_PASSWORD = "rgt-pw-5f0c2e9a-Grüße"
 SITE = "http://pages.test"
 PAGES = Site("pages.test", "192.0.2.60", "pages",
              pages=(("/form.html", FORM), ("/second.html", SECOND), ("/person.html", PERSON),
                     ("/drop.html", DROP), ("/show.html", SHOW),
                     ("/centre.html", CENTRE), ("/random.html", RANDOM), ("/pattern.html", PATTERN),
-                    ("/marks.html", MARKS)))
+                    ("/marks.html", MARKS), ("/login.html", LOGIN)))
 
 
 World = tuple[Server, str, FakeInternet]
@@ -469,9 +477,54 @@ def check_marks(srv: Server, rig: str) -> None:
     assert refused(srv, rig, action="screenshot", marks=True, full_page=True)["data"]["field"] == "action.marks"
 
 
+def check_login_refusals(srv: Server, rig: str) -> None:
+    """A saved login is filled only into its own site over HTTPS: a plain http:// page and
+    another origin are refused naming action.site, and nothing of the password shows."""
+    srv.call("login.save", {"workspace": "default", "site": "https://pages.test", "account": "ada",
+                            "password": LOGIN_PASSWORD})
+    srv.call("login.save", {"workspace": "default", "site": "https://other.test", "account": "ada",
+                            "password": LOGIN_PASSWORD})
+    act(srv, rig, action="navigate", url=f"{SITE}/login.html")
+    plain = refused(srv, rig, action="login", site="https://pages.test", account="ada")
+    assert plain["data"]["field"] == "action.site" and "not https://" in plain["message"], plain
+    listed = srv.call("login.list", {"workspace": "default"})
+    assert {(x["site"], x["account"]) for x in listed} == {("https://pages.test", "ada"),
+                                                          ("https://other.test", "ada")}
+    assert LOGIN_PASSWORD not in json.dumps(listed) + json.dumps(plain)
+
+
+def check_login(srv: Server, rig: str, world: FakeInternet) -> None:
+    """Issue 30's logins on a rig whose engine trusts the test's CA: the saved login fills the
+    HTTPS form and the page signs in; a look-alike origin is refused; the password is in no
+    result, audit row, log or database of the server."""
+    check_login_refusals(srv, rig)
+    act(srv, rig, action="navigate", url="https://pages.test/login.html")
+    other = refused(srv, rig, action="login", site="https://other.test", account="ada")
+    assert other["data"]["field"] == "action.site" and "not https://other.test" in other["message"], other
+    filled = act(srv, rig, action="login", site="https://pages.test", account="ada")
+    assert filled == {"site": "https://pages.test", "account": "ada", "filled": True, "usernameField": True}
+    act(srv, rig, action="click", selector="#go")
+    want = f"signed in ada {len(LOGIN_PASSWORD)}"
+    end = time.monotonic() + 30
+    while (title := act(srv, rig, action="extract", kind="dom"))["title"]["text"] != want:
+        assert time.monotonic() < end, title["title"]
+        time.sleep(0.5)
+    assert LOGIN_PASSWORD not in json.dumps(title), title
+    for text in (json.dumps(srv.call("rig.log", {"rigId": rig, "limit": 500})), srv.log()):
+        assert LOGIN_PASSWORD not in text
+    for path in srv.data_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 64 << 20:
+            assert LOGIN_PASSWORD.encode() not in path.read_bytes(), path
+
+
 def test_marks_number_the_elements_on_the_agents_still_only(browser: World) -> None:
     srv, rig, _world = browser
     check_marks(srv, rig)
+
+
+def test_a_saved_login_is_never_filled_into_an_http_page(browser: World) -> None:
+    srv, rig, _world = browser
+    check_login_refusals(srv, rig)
 
 
 def test_a_person_drives_the_page_through_the_live_view(browser: World) -> None:

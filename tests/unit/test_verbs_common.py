@@ -28,8 +28,8 @@ def err(tool: object, payload: object, ctx: ParseContext = CTX) -> FieldError:
     return result
 
 
-# RIGS.md §4, verbatim (plus computer_use's zoom, issue 13): every verb of every tool, ○ marking
-# observations.
+# RIGS.md §4, verbatim (plus computer_use's zoom, issue 13, and browser_use's login, issue 30 and
+# API.md "Screens, marks, logins"): every verb of every tool, ○ marking observations.
 SPEC_VERBS = {
     Tool.TERMINAL_USE: "exec",
     Tool.COMPUTER_USE: (
@@ -40,7 +40,7 @@ SPEC_VERBS = {
     Tool.BROWSER_USE: (
         "navigate reload stop_loading click fill type key scroll mouse_move drag "
         "left_mouse_down left_mouse_up extract○ screenshot○ set_viewport history wait_for○ "
-        "clipboard_read○ clipboard_write"
+        "clipboard_read○ clipboard_write login"
     ),
     Tool.MOBILE_USE: (
         "tap swipe type key screenshot○ ui_dump○ install_apk start_app stop_app "

@@ -74,6 +74,8 @@ GOOD: dict[str, st.SearchStrategy[object]] = {
     "hard": st.booleans(),
     "full_page": st.booleans(),
     "marks": st.booleans(),
+    "site": st.sampled_from(["https://accounts.example.com", "https://a.test:8443"]),
+    "account": st.sampled_from(["ada@example.com", "ada"]),
     "mark": st.integers(1, 50),
     "selector": st.sampled_from(["#q", "text=Sign in"]),
     "kind": st.sampled_from(["a11y", "dom", "console"]),
