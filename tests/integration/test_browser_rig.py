@@ -12,10 +12,12 @@ test_netgate_rig. What the page did is read back through ``extract`` and the req
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
 import shutil
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,15 @@ from netgate.testing import DEFAULT_SITES, FakeInternet, Site
 from rigd.backends.snapshot import rig_machine_id
 from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, browser_pack_dir, build_browser, find_browser
-from tests.integration.conftest import Server, decoded, gateway_refusals, make_data_dir, mark_drawn, serving
+from tests.integration.conftest import (
+    ClientError,
+    Server,
+    decoded,
+    gateway_refusals,
+    make_data_dir,
+    mark_drawn,
+    serving,
+)
 from tests.integration.test_warm_start import wait_snapshot
 
 pytestmark = [
@@ -491,6 +501,7 @@ def check_login_refusals(srv: Server, rig: str) -> None:
     assert {(x["site"], x["account"]) for x in listed} == {("https://pages.test", "ada"),
                                                           ("https://other.test", "ada")}
     assert LOGIN_PASSWORD not in json.dumps(listed) + json.dumps(plain)
+    act(srv, rig, action="navigate", url=f"{SITE}/form.html")  # where the module's next tests expect it
 
 
 def check_login(srv: Server, rig: str, world: FakeInternet) -> None:
@@ -515,6 +526,7 @@ def check_login(srv: Server, rig: str, world: FakeInternet) -> None:
     for path in srv.data_dir.rglob("*"):
         if path.is_file() and path.stat().st_size < 64 << 20:
             assert LOGIN_PASSWORD.encode() not in path.read_bytes(), path
+    act(srv, rig, action="navigate", url=f"{SITE}/form.html")
 
 
 def test_marks_number_the_elements_on_the_agents_still_only(browser: World) -> None:
@@ -522,9 +534,24 @@ def test_marks_number_the_elements_on_the_agents_still_only(browser: World) -> N
     check_marks(srv, rig)
 
 
-def test_a_saved_login_is_never_filled_into_an_http_page(browser: World) -> None:
-    srv, rig, _world = browser
-    check_login_refusals(srv, rig)
+def test_a_saved_login_fills_the_https_form_of_its_own_site(browser: World) -> None:
+    """Chromium reads its trust from its own store, not the guest's bundle; its managed
+    policy ``CACertificates`` (read from /etc/chromium/policies/managed/, reloaded while the
+    engine runs) makes it trust the test's CA, written here as root."""
+    srv, rig, world = browser
+    der = ssl.PEM_cert_to_DER_cert(world.ca_pem_path.read_text())
+    policy = json.dumps({"CACertificates": [base64.b64encode(der).decode()]})
+    sh(srv, rig, "install -d -m 0755 /etc/chromium/policies /etc/chromium/policies/managed && "
+                 f"printf '%s' '{policy}' >/etc/chromium/policies/managed/rgt-ca.json && "
+                 "chmod 0644 /etc/chromium/policies/managed/rgt-ca.json")
+    end = time.monotonic() + 90
+    while True:  # the engine reloads its policies on its own: until the page loads over https
+        with contextlib.suppress(ClientError):
+            if act(srv, rig, action="navigate", url="https://pages.test/login.html")["status"] == 200:
+                break
+        assert time.monotonic() < end, "Chromium never trusted the test CA from its managed policy"
+        time.sleep(2)
+    check_login(srv, rig, world)
 
 
 def test_a_person_drives_the_page_through_the_live_view(browser: World) -> None:

@@ -25,7 +25,17 @@ from netgate.testing import DEFAULT_SITES, FakeInternet
 from rigd.client.lanes import LaneClient
 from rigd.images.browser import Engine, build_browser
 from tests.integration.conftest import gateway_refusals, make_data_dir, serving
-from tests.integration.test_browser_rig import PAGES, SITE, World, _recv, act, check_marks, refused, sh
+from tests.integration.test_browser_rig import (
+    PAGES,
+    SITE,
+    World,
+    _recv,
+    act,
+    check_login_refusals,
+    check_marks,
+    refused,
+    sh,
+)
 
 pytestmark = [
     pytest.mark.vm,
@@ -100,6 +110,11 @@ def test_navigate_fill_click_type_and_read_back(firefox: World) -> None:
 def test_marks_number_the_elements_on_the_agents_still_only(firefox: World) -> None:
     srv, rig, _world = firefox
     check_marks(srv, rig)
+
+
+def test_a_saved_login_is_never_filled_into_an_http_page(firefox: World) -> None:
+    srv, rig, _world = firefox
+    check_login_refusals(srv, rig)
 
 
 def test_bad_input_and_a_host_outside_the_allowlist(firefox: World) -> None:
