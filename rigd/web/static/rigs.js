@@ -44,6 +44,20 @@ export class RigsScreen {
     const seatTable = h("table.rigs", { "aria-labelledby": "seats-title" },
       h("thead", {}, h("tr", {}, ["Seat", "Surface", "State", "Held by", "Handed to", "Volume", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
       this.seatBody);
+    // Saved logins of the workspace (issue 30): a person saves a site's password here once; an
+    // agent's browser_use login fills it into that site's HTTPS form and never sees it.
+    this.loginBody = h("tbody", { id: "logins-body" });
+    this.loginSite = h("input", { id: "login-site", name: "site", type: "url", required: true, placeholder: "https://app.example", size: 24 });
+    this.loginAccount = h("input", { id: "login-account", name: "account", required: true, autocomplete: "off", size: 16 });
+    this.loginPassword = h("input", { id: "login-password", name: "password", type: "password", required: true, autocomplete: "new-password", size: 16 });
+    const loginForm = h("form.inline", { "aria-label": "Save a login", onsubmit: (e) => { e.preventDefault(); this.saveLogin(); } },
+      h("label", { for: "login-site" }, "Site"), this.loginSite,
+      h("label", { for: "login-account" }, "Account"), this.loginAccount,
+      h("label", { for: "login-password" }, "Password"), this.loginPassword,
+      h("button", { type: "submit", id: "save-login" }, "Save login"));
+    const loginTable = h("table.rigs", { "aria-labelledby": "logins-title" },
+      h("thead", {}, h("tr", {}, ["Site", "Account", "Saved", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
+      this.loginBody);
     replace(ctx.main,
       h("section.card", { "aria-labelledby": "rigs-title" },
         h("div.row", {},
@@ -55,6 +69,10 @@ export class RigsScreen {
         h("h2", { id: "seats-title" }, "Seats"),
         h("p.muted", {}, "A seat is a named agent's lasting rig: rig.open {seat} opens or wakes it, with its volume at /workspace and its own browser profile. Hand one to yourself to drive it; agents only watch until you hand it back."),
         h("div.scroll", {}, seatTable)),
+      h("section.card", { "aria-labelledby": "logins-title" },
+        h("div.row", {}, h("h2", { id: "logins-title" }, "Logins"), loginForm),
+        h("p.muted", {}, "A saved login is sealed on the server and filled by browser_use login only into its own site's HTTPS form; agents see the account, never the password."),
+        h("div.scroll", {}, loginTable)),
       h("section.card", { "aria-labelledby": "snapshots-title" },
         h("h2", { id: "snapshots-title" }, "Snapshots"),
         h("p.muted", {}, "A snapshot keeps a running terminal or computer rig's memory and disk; each open resumes it as a rig of its own."),
@@ -99,6 +117,40 @@ export class RigsScreen {
     await this.loadSeats();
     await this.loadSnapshots();
     await this.loadVolumes();
+    await this.loadLogins();
+  }
+
+  async loadLogins() {
+    try {
+      const list = await call("login.list", { workspace: this.workspace });
+      if (this.disposed) return;
+      replace(this.loginBody, list.length ? list.map((l) => h("tr", { dataset: { site: l.site, account: l.account } },
+        h("th", { scope: "row" }, l.site),
+        h("td", {}, l.account),
+        h("td", {}, new Date(l.createdAt).toLocaleString()),
+        h("td.actions", {}, h("button.danger", { type: "button", "aria-label": `Remove the login ${l.account} at ${l.site}`, onclick: () => this.removeLogin(l) }, "Remove"))))
+        : h("tr", {}, h("td", { colspan: 4 }, "No saved logins.")));
+    } catch (e) { this.fail(e); }
+  }
+
+  async saveLogin() {
+    const site = this.loginSite.value.trim(), account = this.loginAccount.value;
+    announce(this.status, `Saving the login ${account} at ${site}…`);
+    try {
+      const saved = await call("login.save", { workspace: this.workspace, site, account, password: this.loginPassword.value });
+      this.loginPassword.value = "";  // the password leaves the page as soon as it is saved
+      announce(this.status, `Saved the login ${saved.account} at ${saved.site}.`, "ok");
+      await this.loadLogins();
+    } catch (e) { this.fail(e); }
+  }
+
+  async removeLogin(l) {
+    announce(this.status, `Removing the login ${l.account} at ${l.site}…`);
+    try {
+      await call("login.rm", { workspace: this.workspace, site: l.site, account: l.account });
+      announce(this.status, `Removed the login ${l.account} at ${l.site}.`, "ok");
+      await this.loadLogins();
+    } catch (e) { this.fail(e); }
   }
 
   async loadSeats() {
