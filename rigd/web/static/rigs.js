@@ -47,7 +47,7 @@ export class RigsScreen {
     // Saved logins of the workspace (issue 30): a person saves a site's password here once; an
     // agent's browser_use login fills it into that site's HTTPS form and never sees it.
     this.loginBody = h("tbody", { id: "logins-body" });
-    this.loginSite = h("input", { id: "login-site", name: "site", type: "url", required: true, placeholder: "https://app.example", size: 24 });
+    this.loginSite = h("input", { id: "login-site", name: "site", type: "url", required: true, placeholder: "an https:// origin", size: 24 });
     this.loginAccount = h("input", { id: "login-account", name: "account", required: true, autocomplete: "off", size: 16 });
     this.loginPassword = h("input", { id: "login-password", name: "password", type: "password", required: true, autocomplete: "new-password", size: 16 });
     const loginForm = h("form.inline", { "aria-label": "Save a login", onsubmit: (e) => { e.preventDefault(); this.saveLogin(); } },
