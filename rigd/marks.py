@@ -138,6 +138,14 @@ class MarkBook:
         self.marks = {m.id: m for m in marks}
         self.next_id = min(MARK_ID_MAX, self.first + max(numbers_used, 1))
 
+    def issue(self, got: object, display: Display) -> tuple[list[Mark], int]:
+        """The new still's marks from a page's or guest's answer (:func:`parse_marks`, numbered
+        from :meth:`begin`'s first id), issued; and how many were left out."""
+        marks, more = parse_marks(got, first_id=self.first, display=display)
+        items = got.get("items") if isinstance(got, dict) else []
+        self.issued(marks, min(len(items) if isinstance(items, list) else 0, MARKS_MAX))
+        return marks, more
+
     def live(self, mark: int) -> Mark:
         """The live mark ``mark``, or a field error saying why it is not one."""
         if self.generation == 0 or mark >= self.next_id:
@@ -152,11 +160,6 @@ class MarkBook:
             raise FieldError(FIELD, f"mark {mark} was never issued: the newest still's marks are "
                                     f"{self.first}-{self.first + self.count - 1}")
         return found
-
-    def forget(self) -> None:
-        """Every issued id becomes stale (the page navigated, the display changed)."""
-        self.first = self.next_id
-        self.marks = {}
 
 
 #: Where a mark's element is now and whether it is disabled, or why the mark is stale.

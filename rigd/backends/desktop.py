@@ -78,7 +78,7 @@ from rigd.errors import BackendError, FieldError, GuestError, GuestRefused
 from rigd.frames import Changes, Lane, Still, encode_still
 from rigd.framing import untrusted_bytes
 from rigd.images.importer import ImportedImage
-from rigd.marks import MARKS_MAX, Located, MarkBook, acted, annotate, located, parse_marks
+from rigd.marks import MARKS_MAX, Located, MarkBook, acted, annotate, located
 from rigd.model import AGENT_STILL_MAX, BACKEND_OF, DESKTOP_SESSION_USER, Accel, Backend, Display, Surface
 from rigd.protocols import input as qin
 from rigd.protocols.guest import PROTO_DESKTOP, DamageNotice, Stream
@@ -618,13 +618,8 @@ class DesktopDriver:
             return await self._plain_screenshot()
         display = Display(*self.display)
         items, covered, truncated = await desktop_marks.find(self._run_as_session, SESSION_USER, display)
-        # A name the guest sends back must be compared as it was given: a widget with an
-        # unbounded name is left out rather than cut.
-        items = [i for i in items if isinstance(i.get("name"), str) and len(i["name"]) <= 1000
-                 and isinstance(i.get("role"), str) and len(i["role"]) <= 64]
         _generation, first = self.marks.begin()
-        marks, more = parse_marks({"items": items}, first_id=first, display=display)
-        self.marks.issued(marks, min(len(items), MARKS_MAX))
+        marks, more = self.marks.issue({"items": items}, display)
         self._mark_widgets = {first + n: (i["path"], i["role"], i["name"])
                               for n, i in enumerate(items[:MARKS_MAX])}
         out = await annotate(await self._plain_screenshot(), marks, more)
@@ -801,9 +796,7 @@ class DesktopDriver:
         await trio.sleep(SCROLL_SETTLE_S)
         await self._input_processed()
         out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount,
-                               "coordinate": list(self.pointer)}
-        if a.mark is not None:
-            out["mark"] = a.mark
+                               "coordinate": list(self.pointer), **acted(a.mark, 0.0)}
         if str(a.direction) in qin.SHIFT_WHEEL:
             out["note"] = "sent as shift + the vertical wheel (the rig's tablet has no horizontal wheel)"
         return out

@@ -233,6 +233,20 @@ def _answer(code: int | None, stdout: bytes) -> dict[str, Any]:
     return doc
 
 
+#: A widget's name and role longer than these leave it unmarked: the guest's words are
+#: compared as given when the widget is found again, so they are never cut.
+NAME_MAX = 1000
+ROLE_MAX = 64
+
+
+def _int_box(raw: object) -> tuple[int, int, int, int] | None:
+    """``[x, y, w, h]`` of four integers, as the guest's program sends extents."""
+    if isinstance(raw, list) and len(raw) == 4 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in raw):
+        return raw[0], raw[1], raw[2], raw[3]
+    return None
+
+
 def parse_path(raw: object) -> list[int] | None:
     if isinstance(raw, list) and 0 < len(raw) <= PATH_MAX and all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 100_000 for i in raw):
@@ -241,11 +255,11 @@ def parse_path(raw: object) -> list[int] | None:
 
 
 def _inside(frame_box: object, x: float, y: float) -> bool:
-    if not (isinstance(frame_box, list) and len(frame_box) == 4
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in frame_box)):
+    box = _int_box(frame_box)
+    if box is None:
         return False
-    fx, fy, fw, fh = frame_box
-    return bool(fx <= x < fx + fw and fy <= y < fy + fh)
+    fx, fy, fw, fh = box
+    return fx <= x < fx + fw and fy <= y < fy + fh
 
 
 def _layer(frame: object) -> float:
@@ -273,9 +287,10 @@ def on_top(doc: dict[str, Any], display: Display) -> tuple[list[dict[str, Any]],
     for item in items[:NODES_MAX]:
         if not isinstance(item, dict):
             continue
-        path, box, frame = parse_path(item.get("path")), item.get("box"), item.get("frame")
-        if path is None or not (isinstance(box, list) and len(box) == 4 and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in box)):
+        path, box, frame = parse_path(item.get("path")), _int_box(item.get("box")), item.get("frame")
+        name, role = item.get("name"), item.get("role")
+        if path is None or box is None or not (isinstance(name, str) and len(name) <= NAME_MAX
+                                               and isinstance(role, str) and len(role) <= ROLE_MAX):
             continue
         x, y = box[0] + box[2] / 2, box[1] + box[3] / 2
         if not (0 <= x < display.width and 0 <= y < display.height):
@@ -302,9 +317,8 @@ async def target(run: Runner, user: str, path: list[int], role: str, name: str,
     doc = await ask(run, user, {"op": "target", "path": path, "role": role, "name": name})
     if isinstance(doc.get("stale"), str):
         return "its widget is gone (its window closed or changed)"
-    box = doc.get("box")
-    if not (isinstance(box, list) and len(box) == 4 and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in box)) or doc.get("showing") is not True:
+    box = _int_box(doc.get("box"))
+    if box is None or doc.get("showing") is not True:
         return "its widget is no longer shown"
     x0, y0 = max(0, box[0]), max(0, box[1])
     x1, y1 = min(display.width, box[0] + box[2]), min(display.height, box[1] + box[3])

@@ -57,7 +57,7 @@ from rigd.browser.page import (
     text_json,
 )
 from rigd.errors import Conflict, FieldError
-from rigd.marks import MARK_NAME_MAX, MARKS_MAX, Located, MarkBook, acted, annotate, located, parse_marks
+from rigd.marks import MARK_NAME_MAX, MARKS_MAX, Located, MarkBook, acted, annotate, located
 from rigd.model import Display
 from rigd.protocols.cdp import CDPError, CDPProtocolError
 from rigd.protocols.input import Step
@@ -250,13 +250,12 @@ class PageVerbs:
                             a: bv.BrowserScreenshot) -> dict[str, Any]:
         """The viewport's still with a numbered box on each element a person could act on
         (drawn on the host, on the agent's copy only), and the list of them."""
-        generation, first = self.marks.begin()
+        generation, _first = self.marks.begin()
         got = await self._value(call(FIND_MARKS, generation, MARKS_MAX, MARK_NAME_MAX), timeout=30)
         try:
-            marks, more = parse_marks(got, first_id=first, display=self.viewport)
+            marks, more = self.marks.issue(got, self.viewport)
         except ValueError as exc:
             raise CDPProtocolError(f"screenshot marks: {exc}") from None
-        self.marks.issued(marks, min(len(got["items"]), MARKS_MAX))
         return await annotate(await handler(bv.BrowserScreenshot(full_page=False)), marks, more)
 
     async def _mark_point(self, mark: int, *, wait_enabled: bool) -> tuple[tuple[int, int], float]:
@@ -290,15 +289,12 @@ class PageVerbs:
 
     async def _do_click(self, a: bv.BrowserClick) -> dict[str, Any]:
         waited = 0.0
-        if a.mark is not None:
-            _, waited = await self._mark_point(a.mark, wait_enabled=True)
+        if a.mark is not None:  # found (and waited for) outside the input lock: the wait is long
+            point, waited = await self._mark_point(a.mark, wait_enabled=True)
         async with self._input_lock:
-            if a.mark is not None:
-                point, _ = await self._mark_point(a.mark, wait_enabled=False)
-            elif a.selector is not None:
+            if a.selector is not None:
                 point = await self._element_point(a.selector)
-            else:
-                assert a.coordinate is not None
+            elif a.coordinate is not None:
                 point = a.coordinate
                 check_point(self.viewport, point, "action.coordinate")
             await self._click_at(point)
@@ -350,9 +346,7 @@ class PageVerbs:
                 self.pointer = point
             how = await self._wheel(point, dx, dy)
         out: dict[str, Any] = {"direction": str(a.direction), "amount": a.amount, "coordinate": list(point),
-                               **how}
-        if a.mark is not None:
-            out["mark"] = a.mark
+                               **how, **acted(a.mark, 0.0)}
         # A smooth scroll animates: the position once it stops changing.
         position = await settled(self._scroll_position)
         if position is not None:
@@ -370,9 +364,8 @@ class PageVerbs:
         focused = await self._value(FOCUSED_EDITABLE) is True
         async with self._input_lock:
             via = await self._type_text(a.text)
-        out: dict[str, Any] = {"characters": len(a.text), "via": via, "focusedEditable": focused}
-        if a.mark is not None:
-            out["mark"] = a.mark
+        out: dict[str, Any] = {"characters": len(a.text), "via": via, "focusedEditable": focused,
+                               **acted(a.mark, 0.0)}
         if not focused:
             out["note"] = NOTHING_FOCUSED
         return out

@@ -252,8 +252,6 @@ class RigApi:
             parsed = parse_action(tool.value, action, ParseContext(surface=surface, display=display))
             if isinstance(parsed, FieldError):
                 raise parsed
-            if isinstance(parsed, BrowserLogin):  # the saved password, opened here, never sent
-                parsed = await self.logins.with_password(row.workspace_id, parsed)
             if live is None:
                 outcome = "refused"
                 lifecycle.require_phase(Phase(row.phase), frozenset({Phase.READY}), f"run {tool}.{verb}")
@@ -262,6 +260,8 @@ class RigApi:
                 outcome = "refused"
                 self.rigs.check_control(live, caller)
             outcome = "error"
+            if isinstance(parsed, BrowserLogin):  # the saved password, opened only for a rig that runs it
+                parsed = await self.logins.with_password(row.workspace_id, parsed)
             async with self.rigs.activity(live, caller, f"run {tool}.{verb}") as machine:
                 result = await self.rigs.execute(live, machine, parsed)
             outcome = "ok"
